@@ -1,0 +1,63 @@
+/*
+ * Basics shared by alloc/ and rcu/: branch hints, asserts, the fatal-error
+ * line, and the option table. Nothing here allocates.
+ */
+#ifndef GS_COMMON_H
+#define GS_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GS_LIKELY(x)   __builtin_expect(!!(x), 1)
+#define GS_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define GS_NOINLINE    __attribute__((noinline))
+#define GS_COLD        __attribute__((cold, noinline))
+#define GS_INLINE      static inline __attribute__((always_inline))
+#define GS_EXPORT      __attribute__((visibility("default")))
+#define GS_CACHELINE   64
+
+#ifndef GS_ASSERT_LEVEL
+#define GS_ASSERT_LEVEL 1
+#endif
+
+/* Writes "graceslab: <call>(): <what> <ptr>\n" to stderr with write(2) and
+   aborts. Never allocates; safe inside the allocator with locks held. */
+_Noreturn void gsi_fatal(const char *call, const char *what, const void *ptr);
+/* Same line without a pointer. */
+_Noreturn void gsi_fatal_msg(const char *call, const char *what);
+
+/* GS_ASSERT: cheap internal invariants (level >= 1), GS_ASSERT_EXPENSIVE:
+   fast-path and O(n) checks (level 2). When off, the expression is still
+   type-checked but not evaluated. */
+#define GS_ASSERT_AT(level, cond)                                              \
+    do {                                                                       \
+        if (GS_ASSERT_LEVEL >= (level)) {                                      \
+            if (GS_UNLIKELY(!(cond)))                                          \
+                gsi_fatal_msg("internal", "assertion failed: " #cond           \
+                              " at " __FILE__);                                \
+        } else {                                                               \
+            (void)sizeof(!(cond));                                             \
+        }                                                                      \
+    } while (0)
+#define GS_ASSERT(cond)           GS_ASSERT_AT(1, cond)
+#define GS_ASSERT_EXPENSIVE(cond) GS_ASSERT_AT(2, cond)
+
+/* Options, read once from GRACESLAB_* environment variables (see the table
+   in options.c and README.md). */
+enum gsi_option {
+    GSI_OPT_STATS,            /* GRACESLAB_STATS: print a summary at exit */
+    GSI_OPT_PURGE_DELAY_MS,   /* GRACESLAB_PURGE_DELAY_MS */
+    GSI_OPT_EMPTY_CACHE_MB,   /* GRACESLAB_EMPTY_CACHE_MB */
+    GSI_OPT_LARGE_CACHE_MB,   /* GRACESLAB_LARGE_CACHE_MB */
+    GSI_OPT_RCU_LAZY_MS,      /* GRACESLAB_RCU_LAZY_MS */
+    GSI_OPT_RCU_LAZY_BATCH,   /* GRACESLAB_RCU_LAZY_BATCH */
+    GSI_OPT_RCU_FENCES,       /* GRACESLAB_RCU_FENCES: 1 forces the fence read side */
+    GSI_OPT_PENDING_EXPEDITE_KB, /* GRACESLAB_PENDING_EXPEDITE_KB */
+    GSI_OPT_OS_FAIL_AFTER_MB, /* GRACESLAB_OS_FAIL_AFTER_MB: fault injection */
+    GSI_OPT_COUNT
+};
+/* Value of an option; the first call parses the environment (no malloc). */
+long gsi_option(enum gsi_option opt);
+
+#endif /* GS_COMMON_H */

@@ -1,0 +1,80 @@
+/*
+ * Options: one table, filled once from GRACESLAB_* environment variables.
+ * Parsing uses getenv(3) (which does not allocate) and a hand-written
+ * decimal parser, so it is safe from the first malloc of the process.
+ *
+ * | variable                        | default | meaning                                   |
+ * |---------------------------------|---------|-------------------------------------------|
+ * | GRACESLAB_STATS                 | 0       | 1: print a statistics summary at exit     |
+ * | GRACESLAB_PURGE_DELAY_MS        | 100     | empty slabs kept this long before madvise  |
+ * | GRACESLAB_EMPTY_CACHE_MB        | 8       | empty slabs kept (bytes) before immediate madvise |
+ * | GRACESLAB_LARGE_CACHE_MB        | 64      | freed large blocks kept for reuse (bytes) |
+ * | GRACESLAB_RCU_LAZY_MS           | 1000    | lazy call_rcu / pending-reclaim timeout   |
+ * | GRACESLAB_RCU_LAZY_BATCH        | 10000   | lazy callbacks queued before a GP starts  |
+ * | GRACESLAB_RCU_FENCES            | 0       | 1: fence read side even with membarrier   |
+ * | GRACESLAB_PENDING_EXPEDITE_KB   | 256     | pending bytes in a class that make refill start a GP |
+ * | GRACESLAB_OS_FAIL_AFTER_MB      | 0       | fault injection: OS refuses memory past this much (0: off) |
+ */
+#include "alloc/common.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+
+struct option_def {
+    const char *env;
+    long dflt;
+};
+
+static const struct option_def option_defs[GSI_OPT_COUNT] = {
+    [GSI_OPT_STATS] = {"GRACESLAB_STATS", 0},
+    [GSI_OPT_PURGE_DELAY_MS] = {"GRACESLAB_PURGE_DELAY_MS", 100},
+    [GSI_OPT_EMPTY_CACHE_MB] = {"GRACESLAB_EMPTY_CACHE_MB", 8},
+    [GSI_OPT_LARGE_CACHE_MB] = {"GRACESLAB_LARGE_CACHE_MB", 64},
+    [GSI_OPT_RCU_LAZY_MS] = {"GRACESLAB_RCU_LAZY_MS", 1000},
+    [GSI_OPT_RCU_LAZY_BATCH] = {"GRACESLAB_RCU_LAZY_BATCH", 10000},
+    [GSI_OPT_RCU_FENCES] = {"GRACESLAB_RCU_FENCES", 0},
+    [GSI_OPT_PENDING_EXPEDITE_KB] = {"GRACESLAB_PENDING_EXPEDITE_KB", 256},
+    [GSI_OPT_OS_FAIL_AFTER_MB] = {"GRACESLAB_OS_FAIL_AFTER_MB", 0},
+};
+
+/* Parsed values. Written once by whichever thread parses first; the parse is
+   idempotent, so racing parsers store identical values and the relaxed
+   accesses need no further ordering: options_ready's release/acquire pair
+   publishes the table. */
+static long option_values[GSI_OPT_COUNT];
+static atomic_bool options_ready;
+
+static bool parse_long(const char *s, long *out)
+{
+    long v = 0;
+    if (!s || !*s)
+        return false;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return false;
+        if (v > (__LONG_MAX__ - 9) / 10)
+            return false;
+        v = v * 10 + (*s - '0');
+    }
+    *out = v;
+    return true;
+}
+
+static void options_parse(void)
+{
+    for (int i = 0; i < GSI_OPT_COUNT; i++) {
+        long v;
+        if (!parse_long(getenv(option_defs[i].env), &v))
+            v = option_defs[i].dflt;
+        __atomic_store_n(&option_values[i], v, __ATOMIC_RELAXED);
+    }
+    /* Pairs with the acquire load in gsi_option(). */
+    atomic_store_explicit(&options_ready, true, memory_order_release);
+}
+
+long gsi_option(enum gsi_option opt)
+{
+    if (GS_UNLIKELY(!atomic_load_explicit(&options_ready, memory_order_acquire)))
+        options_parse();
+    return __atomic_load_n(&option_values[opt], __ATOMIC_RELAXED);
+}

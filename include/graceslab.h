@@ -1,0 +1,195 @@
+/*
+ * graceslab — a slab allocator with RCU-deferred free built into the slab.
+ *
+ * This is the only public header. It is usable from C (C11) and C++.
+ *
+ * Three families of calls:
+ *   1. General allocation (gs_malloc ...). libgraceslab also exports these
+ *      as malloc/free/calloc/realloc/... so that LD_PRELOAD or static
+ *      linking makes graceslab the process allocator.
+ *   2. Deferred free (gs_free_rcu, caches): an object freed with
+ *      gs_free_rcu() goes back to its slab only after a full grace period.
+ *      The *object* waits, not the caller: the call never blocks, never
+ *      allocates and makes no system call.
+ *   3. The grace-period engine (gs_rcu_*): read-side critical sections,
+ *      synchronous and polled grace periods, and intrusive callbacks.
+ *
+ * Bad input (double free, foreign or interior pointer, misuse of the
+ * read side) aborts the process with one line on stderr naming the call
+ * and the pointer. Allocation failure returns NULL with errno = ENOMEM.
+ */
+#ifndef GRACESLAB_H
+#define GRACESLAB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------
+ * General allocation. glibc semantics; every pointer is 16-byte aligned.
+ * None of these ever waits for a grace period, so all may be called inside
+ * a read-side critical section.
+ * ------------------------------------------------------------------------ */
+
+/* size bytes, uninitialised. gs_malloc(0) returns a unique pointer.
+   NULL + ENOMEM on failure (also for size > PTRDIFF_MAX). */
+void *gs_malloc(size_t size);
+
+/* n * size zeroed bytes; NULL + ENOMEM on overflow or failure. */
+void *gs_calloc(size_t n, size_t size);
+
+/* glibc realloc: p == NULL is gs_malloc(size); size == 0 frees p and returns
+   NULL; on failure returns NULL with ENOMEM and p stays valid. Growing
+   within gs_usable_size(p) returns p itself. */
+void *gs_realloc(void *p, size_t size);
+
+/* alignment must be a power of two (any, up to at least 64 MiB);
+   otherwise NULL + EINVAL. size need not be a multiple of alignment. */
+void *gs_aligned_alloc(size_t alignment, size_t size);
+
+/* Returns p to the allocator at once. NULL is ignored; errno is preserved.
+   Aborts on a pointer graceslab did not hand out, on a double free and on
+   an object already handed to gs_free_rcu(). */
+void gs_free(void *p);
+
+/* Bytes usable at p (>= the size asked for); 0 for NULL. */
+size_t gs_usable_size(const void *p);
+
+/* ------------------------------------------------------------------------
+ * Deferred free.
+ * ------------------------------------------------------------------------ */
+
+/* Marks p pending: it returns to its slab only after a full grace period
+   has elapsed, i.e. after every read-side critical section that was running
+   when gs_free_rcu() was called has ended. graceslab does not write p's
+   bytes before then, so concurrent readers see the object intact.
+   Works on any graceslab pointer (small or large), from any thread.
+   Never allocates, never blocks, makes no system call, O(1); may be called
+   inside a read-side critical section. NULL is ignored. Aborts on a foreign
+   pointer and on a second gs_free_rcu() or gs_free() of the same object. */
+void gs_free_rcu(void *p);
+
+/* Dedicated caches (kmem_cache-like): objects of one size and alignment. */
+struct gs_cache;
+
+/* GS_CACHE_TYPESAFE_BY_RCU: the *slab* memory, not the object, waits for a
+ * grace period. An object freed with gs_cache_free() may be handed out again
+ * at once, to another caller, as an object of the same cache; but its memory
+ * does not stop being an object of this cache (is not returned to the OS or
+ * to another size) until a grace period has passed. A reader under
+ * gs_rcu_read_lock() may therefore keep dereferencing a pointer it found,
+ * and will always see an object of this type — but possibly a *different*
+ * object than the one it looked up. WARNING: as with the kernel's
+ * SLAB_TYPESAFE_BY_RCU, this does not delay the reuse of the object; readers
+ * must re-validate identity (a key or generation field, or a lock inside
+ * the object) after acquiring it. Use gs_cache_free_rcu() when the object
+ * itself must outlive readers. */
+#define GS_CACHE_TYPESAFE_BY_RCU 0x1u
+
+/* Creates a cache of objects of size bytes aligned to align (0 means 16;
+   a power of two up to 4096). name is copied (up to 31 bytes) for stats
+   and messages. Returns NULL + EINVAL on bad arguments, NULL + ENOMEM on
+   failure. */
+struct gs_cache *gs_cache_create(const char *name, size_t size, size_t align, unsigned flags);
+void *gs_cache_alloc(struct gs_cache *c);         /* NULL + ENOMEM on failure */
+void  gs_cache_free(struct gs_cache *c, void *p); /* aborts if p is not c's */
+void  gs_cache_free_rcu(struct gs_cache *c, void *p); /* as gs_free_rcu() */
+/* Waits for the cache's pending objects (a grace period), then frees it.
+   Aborts if the cache still has live objects. Must not be called inside a
+   read-side critical section. */
+void  gs_cache_destroy(struct gs_cache *c);
+
+/* ------------------------------------------------------------------------
+ * Grace-period engine.
+ * Threads register automatically on first use and unregister at exit.
+ * ------------------------------------------------------------------------ */
+
+/* Read-side critical section. Nestable; never blocks; no system call. */
+void gs_rcu_read_lock(void);
+/* Aborts on an unlock without a matching lock. */
+void gs_rcu_read_unlock(void);
+
+/* Pointer publication. gs_rcu_dereference(p) loads p with consume
+   (implemented as acquire) ordering; gs_rcu_assign_pointer(p, v) stores v
+   into p with release ordering, so a reader that sees v sees the object v
+   points to fully initialised. p must be an lvalue of pointer type. */
+#define gs_rcu_dereference(p) __atomic_load_n(&(p), __ATOMIC_ACQUIRE)
+#define gs_rcu_assign_pointer(p, v) __atomic_store_n(&(p), (v), __ATOMIC_RELEASE)
+
+/* Waits for a full grace period. Blocks. Aborts if called inside a
+   read-side critical section (it would wait for the caller). */
+void gs_synchronize_rcu(void);
+
+/* Polled grace periods: a cookie now, and whether a full grace period has
+   elapsed since. gs_rcu_poll_state() never blocks and may be called
+   anywhere; gs_rcu_get_state() never blocks and may start a grace period. */
+unsigned long gs_rcu_get_state(void);
+bool gs_rcu_poll_state(unsigned long cookie);
+
+/* Intrusive callback: embed in the object; call_rcu never allocates. */
+struct gs_rcu_head {
+    struct gs_rcu_head *next;
+    void (*func)(struct gs_rcu_head *head);
+    unsigned long cookie;
+};
+
+/* Invokes fn(h) from the engine's background thread after a full grace
+   period. Lazy: batches until the lazy timeout (GRACESLAB_RCU_LAZY_MS,
+   default 1000) or a batch bound. Never allocates, never blocks; may be
+   called inside a read-side critical section. */
+void gs_call_rcu(struct gs_rcu_head *h, void (*fn)(struct gs_rcu_head *));
+/* As gs_call_rcu(), but the grace period starts at once (no lazy wait). */
+void gs_call_rcu_hurry(struct gs_rcu_head *h, void (*fn)(struct gs_rcu_head *));
+/* Waits until every callback queued before the call has been invoked.
+   Blocks; aborts inside a read-side critical section. */
+void gs_rcu_barrier(void);
+
+/* Optional: explicit registration (automatic otherwise). Unregistering or
+   exiting inside a read-side critical section aborts. */
+void gs_rcu_register_thread(void);
+void gs_rcu_unregister_thread(void);
+
+/* ------------------------------------------------------------------------
+ * Memory pressure and accounting.
+ * ------------------------------------------------------------------------ */
+
+/* Expedites a grace period (unless called inside a read-side critical
+   section, where it only polls) and makes pending objects reusable until at
+   least `bytes` are reclaimed or nothing is left. Returns the exact number
+   of bytes made reusable. Blocks (outside read-side sections). */
+size_t gs_reclaim(size_t bytes);
+
+#define GS_STATS_CLASSES 64
+
+struct gs_stats {
+    size_t mapped_bytes;      /* address space taken from the OS, in use */
+    size_t committed_bytes;   /* of which not given back with madvise */
+    size_t allocated_bytes;   /* bytes in live blocks (usable sizes) */
+    size_t large_bytes;       /* of which in large (mmap'd) blocks */
+    size_t segments;          /* small-object segments mapped */
+    size_t slabs;             /* slabs in use */
+    size_t heaps;             /* thread heaps, live or abandoned */
+    size_t pending_objects;   /* freed with gs_free_rcu, grace period not yet reclaimed */
+    size_t pending_bytes;     /* their total usable size */
+    size_t reclaimed_objects; /* pending objects made reusable, ever */
+    unsigned long gp_started;   /* grace periods started, ever */
+    unsigned long gp_completed; /* grace periods completed, ever */
+    unsigned nclasses;        /* entries used in the arrays below */
+    size_t class_size[GS_STATS_CLASSES];          /* object size of class i */
+    size_t class_allocated[GS_STATS_CLASSES];     /* live objects of class i */
+    size_t class_pending_objects[GS_STATS_CLASSES];
+    size_t class_pending_bytes[GS_STATS_CLASSES];
+};
+
+/* Fills *out. Figures are a consistent-enough snapshot: counters of other
+   threads are read without stopping them. Never allocates. */
+void gs_stats_get(struct gs_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GRACESLAB_H */

@@ -1,0 +1,52 @@
+/*
+ * The narrow interface between the allocator (alloc/) and the grace-period
+ * engine (rcu/). The allocator calls these from its slow paths only.
+ *
+ * Cookies: a cookie names "a full grace period from the moment the cookie
+ * was taken". gsi_gp_done(cookie) turns true once such a grace period has
+ * completed and stays true. Cookies are values of the 64-bit grace-period
+ * sequence, which never wraps; cookies taken later are never smaller.
+ */
+#ifndef GS_RCU_INTERNAL_H
+#define GS_RCU_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Cookie for a grace period that starts after this call. Never blocks, no
+   system call, no allocation: one load of the sequence (a seq_cst fence
+   orders the caller's earlier stores, e.g. an unlink, before it). */
+uint64_t gsi_gp_cookie(void);
+
+/* Has the grace period named by cookie completed? One acquire load. */
+bool gsi_gp_done(uint64_t cookie);
+
+/* Non-blocking progress: starts a grace period if none is running and one
+   is needed, and completes the running one if every reader it waits for
+   has left. Never waits; may issue membarrier(2). Safe inside a read-side
+   critical section (the caller's own reader simply keeps the grace period
+   open). */
+void gsi_gp_advance(void);
+
+/* Blocks until gsi_gp_done(cookie), expediting. Aborts with a clear line if
+   the caller is inside a read-side critical section. */
+void gsi_gp_wait(uint64_t cookie);
+
+/* Is the calling thread inside a read-side critical section? */
+bool gsi_rcu_in_reader(void);
+
+/* The allocator's pending-memory hook. After gsi_rcu_request_reclaim(), the
+   engine's lazy thread (started on demand, outside any allocator lock) makes
+   sure a grace period completes within the lazy timeout and then calls the
+   registered hook, once, from its own thread. With no request outstanding,
+   the lazy thread sleeps without timeout: zero wakeups when idle.
+   gsi_rcu_request_reclaim() may create the thread or wake it (system calls):
+   the allocator calls it from slow paths, never from gs_free_rcu(). */
+void gsi_rcu_set_reclaim_hook(void (*hook)(void));
+void gsi_rcu_request_reclaim(void);
+
+/* Counters for gs_stats_get(). */
+uint64_t gsi_gp_started(void);
+uint64_t gsi_gp_completed(void);
+
+#endif /* GS_RCU_INTERNAL_H */
