@@ -1,0 +1,124 @@
+/* Helpers for the benchmark programs; see common.h. */
+#include "common.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+atomic_int bench_stop;
+
+double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+double bench_arg(int argc, char **argv, const char *key, double def)
+{
+    size_t klen = strlen(key);
+    for (int i = 1; i < argc; i++) {
+        if (strncmp(argv[i], key, klen) != 0 || argv[i][klen] != '=')
+            continue;
+        char *end;
+        double v = strtod(argv[i] + klen + 1, &end);
+        switch (*end) {
+        case 'k': case 'K': v *= 1024.0; break;
+        case 'm': case 'M': v *= 1024.0 * 1024.0; break;
+        case 'g': case 'G': v *= 1024.0 * 1024.0 * 1024.0; break;
+        default: break;
+        }
+        return v;
+    }
+    return def;
+}
+
+long bench_peak_rss_kb(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+long bench_rss_kb(void)
+{
+    /* open/read on a stack buffer rather than stdio, so that taking the
+       reading does not itself allocate. statm: "size resident ..." pages. */
+    char buf[128];
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    char *p = strchr(buf, ' ');
+    if (!p)
+        return -1;
+    return strtol(p + 1, NULL, 10) * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+void *bench_check(void *p, const char *what)
+{
+    if (!p) {
+        fprintf(stderr, "bench: %s failed\n", what);
+        abort();
+    }
+    return p;
+}
+
+void bench_result(const char *name, const char *extra, double ops, double secs)
+{
+    printf("RESULT name=%s%s ops=%.0f secs=%.4f ops_per_sec=%.1f peak_rss_kb=%ld\n",
+           name, extra, ops, secs, secs > 0 ? ops / secs : 0.0,
+           bench_peak_rss_kb());
+    fflush(stdout);
+}
+
+double bench_run_threads(int n, void *(*fn)(void *), void *args, size_t arg_size,
+                         double seconds)
+{
+    pthread_t *tid = bench_check(calloc((size_t)n, sizeof *tid), "calloc");
+    atomic_store(&bench_stop, 0);
+    double t0 = bench_now();
+    for (int i = 0; i < n; i++)
+        if (pthread_create(&tid[i], NULL, fn, (char *)args + (size_t)i * arg_size)) {
+            fprintf(stderr, "bench: pthread_create failed\n");
+            abort();
+        }
+    struct timespec ts = { (time_t)seconds,
+                           (long)((seconds - (double)(time_t)seconds) * 1e9) };
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+    atomic_store(&bench_stop, 1);
+    for (int i = 0; i < n; i++)
+        pthread_join(tid[i], NULL);
+    double t = bench_now() - t0;
+    free(tid);
+    return t;
+}
+
+long bench_replace_slots(void **slot, size_t n, uint64_t *rng, size_t lo, size_t hi,
+                         long steps)
+{
+    long done = 0;
+    while (steps < 0 || done < steps) {
+        for (int k = 0; k < 256; k++) {
+            size_t i = (size_t)(bench_rand(rng) % n);
+            free(slot[i]);
+            size_t *p = malloc(bench_rand_range(rng, lo, hi));
+            *p = i;
+            slot[i] = p;
+        }
+        done += 256;
+        if (bench_stopped())
+            break;
+    }
+    return done;
+}
