@@ -5,8 +5,10 @@
  *   seconds=1
  * Sizes 16..2048, alternately from posix_memalign and aligned_alloc (size
  * rounded up to the alignment, as C11 asked before DR 460). Every pointer
- * is checked for alignment (a wrong one aborts: that is a bug, not a
- * figure). ops = allocations (each also freed).
+ * is checked: misaligned=<n> counts the pointers that were not aligned as
+ * asked (a bug in the allocator; bench/run reports it). Debian's mimalloc
+ * 2.0.9 does this when size == alignment in 256..1024 (mimalloc issue 700).
+ * ops = allocations (each also freed).
  */
 #include "common.h"
 
@@ -24,6 +26,7 @@ int main(int argc, char **argv)
         nalign++;
     void **slot = bench_check(malloc(batch * sizeof *slot), "malloc");
 
+    long misaligned = 0;
     double ops = 0, t0 = bench_now(), t;
     do {
         for (size_t i = 0; i < batch; i++) {
@@ -36,10 +39,7 @@ int main(int argc, char **argv)
                 p = NULL;
             }
             bench_check(p, "aligned allocation");
-            if ((uintptr_t)p & (align - 1)) {
-                fprintf(stderr, "aligned: %p not aligned to %zu\n", p, align);
-                abort();
-            }
+            misaligned += ((uintptr_t)p & (align - 1)) != 0;
             *(char *)p = 1;
             slot[i] = p;
         }
@@ -49,8 +49,9 @@ int main(int argc, char **argv)
         t = bench_now() - t0;
     } while (t < seconds);
 
-    char extra[64];
-    snprintf(extra, sizeof extra, " maxalign=%zu batch=%zu", maxalign, batch);
+    char extra[96];
+    snprintf(extra, sizeof extra, " maxalign=%zu batch=%zu misaligned=%ld", maxalign, batch,
+             misaligned);
     bench_result("aligned", extra, ops, t);
     return 0;
 }
