@@ -1,0 +1,359 @@
+/*
+ * Deferred callbacks and the lazy thread: gs_call_rcu(), gs_call_rcu_hurry(),
+ * gs_rcu_barrier(), and the allocator's reclaim request/hook.
+ *
+ * Queue: a lock-free LIFO of intrusive heads (cb_stack). Enqueuers push with
+ * a release CAS; the lazy thread takes the whole stack with one acquire
+ * exchange, reverses it (FIFO), takes a cookie, waits for that grace period
+ * and invokes the batch in order. Nothing allocates.
+ *
+ * Laziness: no thread exists until the first deferral. The thread then
+ * sleeps on the futex word cb_event:
+ *   - nothing queued: no timeout (zero wakeups while idle);
+ *   - lazy callbacks queued: until `deadline` (the lazy timeout,
+ *     GRACESLAB_RCU_LAZY_MS), unless hurried;
+ *   - after a batch: it lingers one lazy timeout with a timer before going
+ *     back to the untimed sleep, so a steady trickle of gs_call_rcu() is
+ *     served by one timer wakeup per lazy timeout and never wakes it from
+ *     the enqueue side.
+ * Enqueuers wake it (event++, then FUTEX_WAKE if it sleeps) only when it
+ * sleeps untimed, when hurried (gs_call_rcu_hurry, gs_rcu_barrier, the
+ * batch bound GRACESLAB_RCU_LAZY_BATCH), or for a reclaim request.
+ *
+ * Lost-wakeup argument: the thread reads cb_event, stores cb_sleeping
+ * (seq_cst), re-checks its condition, then FUTEX_WAITs on the value it read.
+ * An enqueuer changes the condition (push / flag, seq_cst), increments
+ * cb_event (seq_cst), then reads cb_sleeping (seq_cst). In the seq_cst
+ * order either the enqueuer sees the thread sleeping (and wakes it; the
+ * futex compare fails if the increment came first), or the thread's
+ * re-check sees the new condition.
+ *
+ * Barrier: gs_rcu_barrier() queues a sentinel head (on its stack) hurried
+ * and waits for it to run. Batches run in push order and one at a time, so
+ * the sentinel runs after every callback pushed before it.
+ *
+ * Fork: the child has no lazy thread; cb_thread_state is reset and the next
+ * deferral (or gs_rcu_barrier) creates it. A batch the parent's thread had
+ * taken but not finished is pushed back in the child (cb_inflight).
+ */
+#include "rcu/engine.h"
+#include "rcu/internal.h"
+#include "graceslab.h"
+
+#include <limits.h>
+#include <signal.h>
+#include <stddef.h>
+
+enum { THREAD_NONE, THREAD_STARTING, THREAD_RUNNING };
+enum { AWAKE, SLEEP_TIMED, SLEEP_UNTIMED };
+
+/* Queued heads, newest first. Pushed by anyone (release CAS), emptied by the
+   lazy thread (acquire exchange). */
+static _Atomic(struct gs_rcu_head *) cb_stack;
+/* Callbacks queued / invoked, ever. queued: counted before the push
+   (relaxed RMW; gs_rcu_barrier() reads it); invoked: counted after the
+   callback returned (release, pairs with the acquire in gs_rcu_barrier()). */
+static _Atomic uint64_t cb_queued, cb_invoked;
+/* Queued count when the lazy thread last took the stack (lazy thread
+   writes, enqueuers read for the batch bound; relaxed, a heuristic). */
+static _Atomic uint64_t cb_taken;
+/* Lazy thread's futex word; enqueuers increment it to wake it. */
+static _Atomic uint32_t cb_event;
+/* AWAKE / SLEEP_TIMED / SLEEP_UNTIMED: written by the lazy thread. */
+static _Atomic uint32_t cb_sleeping;
+/* Do not wait for the lazy timeout (set by hurry/barrier/batch bound,
+   cleared by the lazy thread when it takes a batch). */
+static _Atomic uint32_t cb_hurry;
+/* The allocator asked for a grace period and a call of the hook. */
+static _Atomic uint32_t cb_reclaim;
+static _Atomic(void (*)(void)) reclaim_hook;
+/* THREAD_NONE -> THREAD_STARTING (CAS, one creator) -> THREAD_RUNNING. */
+static _Atomic int cb_thread_state;
+/* The batch the lazy thread is working on, FIFO, not yet invoked (only the
+   lazy thread writes it; the fork child reads it). */
+static _Atomic(struct gs_rcu_head *) cb_inflight;
+/* Wakeups of the lazy thread, ever (returns from its futex sleep). */
+static _Atomic uint64_t lazy_wakeups;
+/* gs_rcu_barrier() waiters sleep on this word; each sentinel bumps it. */
+static _Atomic uint32_t barrier_event;
+
+static __thread bool on_lazy_thread __attribute__((tls_model("initial-exec")));
+
+/* Wakes the lazy thread if it sleeps (untimed_only: only an untimed sleep).
+   Callers have already made their change visible with a seq_cst RMW. */
+static void lazy_wake(bool untimed_only)
+{
+    /* seq_cst: see "Lost-wakeup argument" above; pairs with the thread's
+       seq_cst store of cb_sleeping and its futex compare. */
+    atomic_fetch_add_explicit(&cb_event, 1, memory_order_seq_cst);
+    uint32_t sl = atomic_load_explicit(&cb_sleeping, memory_order_seq_cst);
+    if (sl == SLEEP_UNTIMED || (sl == SLEEP_TIMED && !untimed_only))
+        gsi_futex_wake(&cb_event, 1);
+}
+
+/* Sleeps until woken or until deadline_ns (0: no timeout). */
+static void lazy_sleep(uint32_t ev, uint64_t deadline_ns)
+{
+    uint32_t mode = deadline_ns ? SLEEP_TIMED : SLEEP_UNTIMED;
+    /* seq_cst: pairs with the seq_cst load in lazy_wake(). */
+    atomic_store_explicit(&cb_sleeping, mode, memory_order_seq_cst);
+    /* Re-check after publishing the sleep (seq_cst loads: see above). */
+    bool work = atomic_load_explicit(&cb_hurry, memory_order_seq_cst) ||
+                (mode == SLEEP_UNTIMED &&
+                 (atomic_load_explicit(&cb_stack, memory_order_seq_cst) ||
+                  atomic_load_explicit(&cb_reclaim, memory_order_seq_cst)));
+    if (!work) {
+        struct timespec rel, *prel = NULL;
+        if (deadline_ns) {
+            uint64_t now = gsi_now_ns();
+            uint64_t d = deadline_ns > now ? deadline_ns - now : 0;
+            rel.tv_sec = (time_t)(d / 1000000000u);
+            rel.tv_nsec = (long)(d % 1000000000u);
+            prel = &rel;
+        }
+        if (!deadline_ns || prel->tv_sec || prel->tv_nsec) {
+            gsi_futex_wait(&cb_event, ev, prel);
+            /* Relaxed: a statistic for tests and benchmarks. */
+            atomic_fetch_add_explicit(&lazy_wakeups, 1, memory_order_relaxed);
+        }
+    }
+    atomic_store_explicit(&cb_sleeping, AWAKE, memory_order_relaxed);
+}
+
+/* Takes the queue, waits for a grace period, invokes the batch, then the
+   reclaim hook if it was requested. */
+static void lazy_process(void)
+{
+    /* Relaxed exchanges of the flags: the acquire exchange of the stack
+       below and the grace period provide the ordering that matters. */
+    atomic_store_explicit(&cb_hurry, 0, memory_order_relaxed);
+    bool reclaim = atomic_exchange_explicit(&cb_reclaim, 0, memory_order_relaxed);
+    /* Acquire: pairs with the release CAS in enqueue(); the updaters'
+       unlinks happen before the cookie below is taken. */
+    struct gs_rcu_head *h = atomic_exchange_explicit(&cb_stack, NULL, memory_order_acquire);
+    struct gs_rcu_head *fifo = NULL;
+    uint64_t n = 0;
+    while (h) {
+        struct gs_rcu_head *next = h->next;
+        h->next = fifo;
+        fifo = h;
+        h = next;
+        n++;
+    }
+    /* Relaxed: heuristic for the batch bound. */
+    atomic_fetch_add_explicit(&cb_taken, n, memory_order_relaxed);
+    /* Relaxed: only this thread and the fork child (a memory snapshot)
+       read it. */
+    atomic_store_explicit(&cb_inflight, fifo, memory_order_relaxed);
+    gsi_gp_wait(gsi_gp_cookie());
+    while (fifo) {
+        struct gs_rcu_head *next = fifo->next;
+        atomic_store_explicit(&cb_inflight, next, memory_order_relaxed);
+        fifo->func(fifo);
+        /* Release: pairs with the acquire in gs_rcu_barrier()'s fast path;
+           the callback's effects happen before a barrier that counts it. */
+        atomic_fetch_add_explicit(&cb_invoked, 1, memory_order_release);
+        fifo = next;
+    }
+    if (reclaim) {
+        /* Acquire: pairs with the release store in gsi_rcu_set_reclaim_hook(). */
+        void (*hook)(void) = atomic_load_explicit(&reclaim_hook, memory_order_acquire);
+        if (hook)
+            hook();
+    }
+}
+
+static void *lazy_main(void *arg)
+{
+    (void)arg;
+    on_lazy_thread = true;
+    uint64_t lazy_ns = (uint64_t)gsi_option(GSI_OPT_RCU_LAZY_MS) * 1000000u;
+    uint64_t deadline = 0; /* 0: idle, no timer */
+    for (;;) {
+        /* seq_cst: read before the condition; see lazy_sleep(). */
+        uint32_t ev = atomic_load_explicit(&cb_event, memory_order_seq_cst);
+        bool have = atomic_load_explicit(&cb_stack, memory_order_seq_cst) ||
+                    atomic_load_explicit(&cb_reclaim, memory_order_seq_cst);
+        bool hurry = atomic_load_explicit(&cb_hurry, memory_order_seq_cst);
+        uint64_t now = gsi_now_ns();
+        if (have && (hurry || (deadline && now >= deadline))) {
+            lazy_process();
+            deadline = gsi_now_ns() + lazy_ns; /* linger one timeout */
+            continue;
+        }
+        if (have && !deadline)
+            deadline = now + lazy_ns;
+        else if (!have && deadline && now >= deadline)
+            deadline = 0; /* lingered long enough: go idle */
+        lazy_sleep(ev, deadline);
+    }
+    return NULL;
+}
+
+static void ensure_thread(void)
+{
+    /* Acquire: pairs with the release store below (the thread exists). */
+    if (GS_LIKELY(atomic_load_explicit(&cb_thread_state, memory_order_acquire) == THREAD_RUNNING))
+        return;
+    int expected = THREAD_NONE;
+    /* Relaxed CAS: elects one creator; the others return (the queue keeps
+       their callbacks, and the new thread checks it first). */
+    if (!atomic_compare_exchange_strong_explicit(&cb_thread_state, &expected, THREAD_STARTING,
+                                                 memory_order_relaxed, memory_order_relaxed))
+        return;
+    gsi_rcu_init();
+    /* The thread must not take the process's signals. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    int err = pthread_create(&t, &attr, lazy_main, NULL);
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err != 0)
+        gsi_fatal_msg("gs_call_rcu", "cannot create the RCU callback thread");
+    /* Release: pairs with the acquire above. */
+    atomic_store_explicit(&cb_thread_state, THREAD_RUNNING, memory_order_release);
+}
+
+static void enqueue(struct gs_rcu_head *h, void (*fn)(struct gs_rcu_head *), bool hurry)
+{
+    h->func = fn;
+    h->cookie = 0;
+    /* Relaxed: counted before the push, so a callback that is invoked has
+       been counted (gs_rcu_barrier()'s fast path relies on it). */
+    uint64_t n = atomic_fetch_add_explicit(&cb_queued, 1, memory_order_relaxed) + 1;
+    struct gs_rcu_head *old = atomic_load_explicit(&cb_stack, memory_order_relaxed);
+    do {
+        h->next = old;
+        /* seq_cst (a release at least): publishes *h and everything the
+           caller did before (the unlink) to the lazy thread's acquire
+           exchange; seq_cst for the lost-wakeup argument. */
+    } while (!atomic_compare_exchange_weak_explicit(&cb_stack, &old, h, memory_order_seq_cst,
+                                                    memory_order_relaxed));
+    ensure_thread();
+    long batch = gsi_option(GSI_OPT_RCU_LAZY_BATCH);
+    /* Relaxed: a heuristic; exactly one enqueuer sees the bound. */
+    if (!hurry && batch > 0 &&
+        n - atomic_load_explicit(&cb_taken, memory_order_relaxed) == (uint64_t)batch)
+        hurry = true;
+    if (hurry) {
+        /* seq_cst: lost-wakeup argument. */
+        atomic_store_explicit(&cb_hurry, 1, memory_order_seq_cst);
+        lazy_wake(false);
+    } else {
+        lazy_wake(true);
+    }
+}
+
+GS_EXPORT void gs_call_rcu(struct gs_rcu_head *h, void (*fn)(struct gs_rcu_head *))
+{
+    enqueue(h, fn, false);
+}
+
+GS_EXPORT void gs_call_rcu_hurry(struct gs_rcu_head *h, void (*fn)(struct gs_rcu_head *))
+{
+    enqueue(h, fn, true);
+}
+
+struct barrier_sentinel {
+    struct gs_rcu_head head;
+    _Atomic uint32_t done;
+};
+
+static void barrier_done(struct gs_rcu_head *h)
+{
+    struct barrier_sentinel *b = (struct barrier_sentinel *)((char *)h - offsetof(struct barrier_sentinel, head));
+    /* Release: pairs with the acquire load in gs_rcu_barrier(); every
+       earlier callback of the FIFO has returned. */
+    atomic_store_explicit(&b->done, 1, memory_order_release);
+    /* seq_cst: the waiter reads barrier_event before re-checking done, so
+       either it sees done or the futex compare fails. */
+    atomic_fetch_add_explicit(&barrier_event, 1, memory_order_seq_cst);
+    gsi_futex_wake(&barrier_event, INT_MAX);
+}
+
+GS_EXPORT void gs_rcu_barrier(void)
+{
+    gsi_gp_check_not_reader("gs_rcu_barrier");
+    if (GS_UNLIKELY(on_lazy_thread))
+        gsi_fatal_msg("gs_rcu_barrier", "called from an RCU callback");
+    /* Fast path: everything ever queued has been invoked. Acquire loads
+       pair with the release increment of cb_invoked; the FIFO order makes
+       "invoked >= queued-at-entry" imply each earlier callback ran. */
+    uint64_t q = atomic_load_explicit(&cb_queued, memory_order_acquire);
+    if (atomic_load_explicit(&cb_invoked, memory_order_acquire) >= q)
+        return;
+    struct barrier_sentinel b;
+    atomic_init(&b.done, 0);
+    enqueue(&b.head, barrier_done, true);
+    for (;;) {
+        /* seq_cst: pairs with the increment in barrier_done(). */
+        uint32_t ev = atomic_load_explicit(&barrier_event, memory_order_seq_cst);
+        /* Acquire: pairs with the release store in barrier_done(). */
+        if (atomic_load_explicit(&b.done, memory_order_acquire))
+            break;
+        gsi_futex_wait(&barrier_event, ev, NULL);
+    }
+}
+
+void gsi_rcu_set_reclaim_hook(void (*hook)(void))
+{
+    /* Release: pairs with the acquire load in lazy_process(). */
+    atomic_store_explicit(&reclaim_hook, hook, memory_order_release);
+}
+
+void gsi_rcu_request_reclaim(void)
+{
+    /* seq_cst: lost-wakeup argument (the flag is the thread's condition). */
+    if (atomic_exchange_explicit(&cb_reclaim, 1, memory_order_seq_cst) &&
+        atomic_load_explicit(&cb_thread_state, memory_order_relaxed) == THREAD_RUNNING)
+        return; /* already requested; the thread will see it */
+    ensure_thread();
+    lazy_wake(true);
+}
+
+uint64_t gsi_rcu_lazy_wakeups(void)
+{
+    return atomic_load_explicit(&lazy_wakeups, memory_order_relaxed);
+}
+
+bool gsi_rcu_lazy_thread_exists(void)
+{
+    return atomic_load_explicit(&cb_thread_state, memory_order_relaxed) != THREAD_NONE;
+}
+
+void gsi_rcu_cb_atfork_child(void)
+{
+    /* Only this thread exists; plain (relaxed) accesses suffice. The
+       parent's lazy thread is gone: give its unfinished batch back to the
+       queue (newest first: push in reverse FIFO order) and let the next
+       deferral create a new thread. */
+    struct gs_rcu_head *fifo = atomic_load_explicit(&cb_inflight, memory_order_relaxed);
+    struct gs_rcu_head *stack = atomic_load_explicit(&cb_stack, memory_order_relaxed);
+    struct gs_rcu_head *rev = NULL;
+    while (fifo) {
+        struct gs_rcu_head *next = fifo->next;
+        fifo->next = rev;
+        rev = fifo;
+        fifo = next;
+    }
+    /* rev is the batch newest first; the batch is older than everything
+       on the stack, so it goes below the stack's oldest entry. */
+    if (!stack) {
+        stack = rev;
+    } else {
+        struct gs_rcu_head *tail = stack;
+        while (tail->next)
+            tail = tail->next;
+        tail->next = rev;
+    }
+    atomic_store_explicit(&cb_stack, stack, memory_order_relaxed);
+    atomic_store_explicit(&cb_inflight, NULL, memory_order_relaxed);
+    atomic_store_explicit(&cb_thread_state, THREAD_NONE, memory_order_relaxed);
+    atomic_store_explicit(&cb_sleeping, AWAKE, memory_order_relaxed);
+    on_lazy_thread = false;
+}

@@ -1,0 +1,134 @@
+/*
+ * Private to rcu/: the state the engine's files share. The allocator never
+ * includes this; it uses rcu/internal.h.
+ *
+ *   thread.c    per-thread reader records, the registry, init, fork, exit
+ *   reader.c    gs_rcu_read_lock/unlock (the read side)
+ *   gp.c        the grace-period sequence and the machinery that drives it
+ *   callback.c  gs_call_rcu, the lazy thread, gs_rcu_barrier, reclaim hook
+ *
+ * See gp.c for the lock order and the ordering argument, docs/rcu.md for
+ * the prose version.
+ */
+#ifndef GS_RCU_ENGINE_H
+#define GS_RCU_ENGINE_H
+
+#include "alloc/common.h"
+
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ThreadSanitizer does not see the ordering membarrier(2) gives the
+   compiler-barrier read side, so TSan builds always use the fence read side
+   (chosen once, in gsi_rcu_init(); no #if in the read side itself). */
+#if defined(__SANITIZE_THREAD__)
+#define GS_RCU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define GS_RCU_TSAN 1
+#endif
+#endif
+#ifndef GS_RCU_TSAN
+#define GS_RCU_TSAN 0
+#endif
+
+/* One per thread, in initial-exec TLS (so the record of a live thread never
+ * moves and taking its address never calls the dynamic loader). Linked into
+ * the registry on first use; unlinked when the thread exits or unregisters,
+ * always before its memory goes away. */
+struct gsi_rcu_reader {
+    /* 0 outside a read-side critical section; inside, the value of
+       gsi_gp_seq the outermost gs_rcu_read_lock() loaded (never 0: the
+       sequence starts at GSI_GP_SEQ_BASE). Written by the owner only; read
+       by the grace-period driver under the registry lock. */
+    _Atomic uint64_t snap;
+    /* Nesting depth. Owner only (and the fork child / exit destructor,
+       which run on the owner thread). */
+    unsigned long nesting;
+    /* Linked into the registry? Owner writes it with the registry lock
+       held; the owner reads it without. */
+    bool registered;
+    /* Registry links; registry lock. */
+    struct gsi_rcu_reader *next, *prev;
+};
+
+extern __thread struct gsi_rcu_reader gsi_rcu_self;
+
+/* Read-side mode, chosen once by gsi_rcu_init() before any thread is
+   registered (pthread_once orders it before every read side that can run):
+   true = seq_cst fences on the read side; false = compiler barriers only,
+   the writer issues membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED). */
+extern bool gsi_rcu_fences;
+
+/* The grace-period sequence: (seq - GSI_GP_SEQ_BASE) / 2 grace periods have
+   completed; the low bit says one is in progress. Starts at a non-zero even
+   value so that a reader's snapshot is never 0. Written by the driver under
+   the GP mutex; read anywhere. */
+#define GSI_GP_SEQ_BASE 4u
+extern _Atomic uint64_t gsi_gp_seq;
+
+/* Non-zero while the grace-period driver sleeps on this futex word waiting
+   for a reader; the reader's outermost unlock then wakes it. */
+extern _Atomic uint32_t gsi_gp_waiting;
+
+/* thread.c */
+void gsi_rcu_init(void);               /* idempotent, pthread_once */
+void gsi_rcu_register_slow(void);      /* links gsi_rcu_self */
+void gsi_rcu_registry_lock(void);
+void gsi_rcu_registry_unlock(void);
+/* First record of the registry (registry lock held). */
+struct gsi_rcu_reader *gsi_rcu_registry_first_locked(void);
+
+/* reader.c */
+void gsi_rcu_wake_gp_slow(void);
+
+/* gp.c: called by the fork child handler. */
+void gsi_gp_atfork_child(void);
+/* The writer-side full barrier: membarrier(2) or a seq_cst fence. */
+void gsi_gp_writer_barrier(void);
+/* Aborts with "graceslab: <call>(): called inside a read-side critical
+   section" if the calling thread is inside one. */
+void gsi_gp_check_not_reader(const char *call);
+
+/* callback.c: called by the fork child handler; and the wakeup counter the
+   tests read (lazy thread returns from a sleep). */
+void gsi_rcu_cb_atfork_child(void);
+uint64_t gsi_rcu_lazy_wakeups(void);
+bool gsi_rcu_lazy_thread_exists(void);
+
+/* Futex helpers (private futexes: the words are process-local). */
+static inline void gsi_futex_wait(_Atomic uint32_t *word, uint32_t val,
+                                  const struct timespec *rel)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, val, rel, NULL, 0);
+}
+
+static inline void gsi_futex_wake(_Atomic uint32_t *word, int n)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+}
+
+static inline void gsi_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield" ::: "memory");
+#else
+    atomic_signal_fence(memory_order_seq_cst);
+#endif
+}
+
+static inline uint64_t gsi_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+#endif /* GS_RCU_ENGINE_H */

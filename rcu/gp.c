@@ -1,0 +1,280 @@
+/*
+ * Grace periods: the 64-bit sequence, the driver that starts and ends
+ * grace periods, and the cookie/done/advance/wait interface.
+ *
+ * Sequence (like the kernel's rcu_seq): gsi_gp_seq starts at
+ * GSI_GP_SEQ_BASE (even). Starting a grace period sets it odd (s -> s+1),
+ * ending it sets it even again (s+1 -> s+2). It never wraps (2^63 grace
+ * periods). A cookie is (seq + 3) & ~1: the end value of the first grace
+ * period that starts after the cookie was taken; done(c) is seq >= c.
+ *
+ * Which readers a grace period waits for: one that started at `start`
+ * (odd) waits for every record whose snapshot is non-zero and < start,
+ * i.e. that entered its critical section having seen the sequence before
+ * the start. Readers that saw `start` or later are not waited for: they
+ * cannot hold a reference to anything unlinked before the start (see the
+ * argument below and in docs/rcu.md). New readers therefore never delay a
+ * grace period, and because the sequence never wraps, one scan phase
+ * suffices (liburcu's two-phase flip exists for its 1-bit phase).
+ *
+ * ---- Concurrency ----------------------------------------------------------
+ * Lock order: gp_mutex -> registry lock (thread.c). The callback machinery
+ * (callback.c) takes neither while holding the other; it is lock-free.
+ *
+ *   field                 written by                      read by
+ *   gsi_gp_seq            driver, under gp_mutex          anyone (lock-free)
+ *   gp_requested          gsi_gp_cookie() (atomic max)    driver
+ *   gsi_gp_waiting        driver sets (gp_mutex);         reader unlock
+ *                         reader unlock clears
+ *   reader->snap          owner thread                    driver, registry lock
+ *   registry links        thread.c, registry lock         driver, registry lock
+ *
+ * The driver (whoever holds gp_mutex: gsi_gp_advance() with a try-lock, or
+ * gp_wait() blocking) is the only writer of the sequence, so an odd
+ * sequence means "a grace period is open"; any later holder of gp_mutex
+ * continues it (that is what makes advance non-blocking: it may leave the
+ * grace period open and return). The fork child resets gp_mutex.
+ *
+ * ---- Ordering, in short (docs/rcu.md has the full argument) ---------------
+ * Updater U: unlinks p (store), then takes a cookie: F1 = seq_cst fence,
+ * load seq. Driver D: W = seq_cst store seq = start; F2 = writer barrier
+ * (seq_cst fence, or membarrier(2) which also executes a full barrier on
+ * every running thread of the process); scan snapshots with acquire loads.
+ * Reader R: S = snap store; F3 = read-side barrier (seq_cst fence, or a
+ * compiler barrier that D's membarrier promotes); loads of the structure.
+ *   - If D's scan reads R's snapshot < start: D waits until it reads 0 (or
+ *     a later snapshot); those were stored with release, so all of R's
+ *     critical section happens before the grace period ends.
+ *   - Else D read 0/an older store or a snapshot >= start: by the
+ *     store-buffering pairing F3/F2 (and F1 < W < F2 in the seq_cst order,
+ *     since U's load read a value older than W), R's loads after F3 see U's
+ *     unlink: R cannot reach p.
+ * The end store seq = start+1 is a release; done() is an acquire load, so
+ * the caller's reclaim happens after everything D observed.
+ */
+#include "rcu/engine.h"
+#include "rcu/internal.h"
+#include "graceslab.h"
+
+#include <errno.h>
+#include <linux/membarrier.h>
+#include <sched.h>
+
+_Atomic uint64_t gsi_gp_seq = GSI_GP_SEQ_BASE;
+_Atomic uint32_t gsi_gp_waiting;
+
+/* Serialises drivers. Never held across anything that may allocate. */
+static pthread_mutex_t gp_mutex = PTHREAD_MUTEX_INITIALIZER;
+/* Highest cookie handed out: tells gsi_gp_advance() a grace period is
+   needed. Monotonic (atomic max); relaxed, it is only a hint: blocking
+   waiters pass their own cookie to the driver. */
+static _Atomic uint64_t gp_requested = GSI_GP_SEQ_BASE;
+
+/* Spins (each one a scan) before the driver sleeps on gsi_gp_waiting. */
+#define GP_SPINS 100
+/* Safety net for the futex sleep; a wakeup is never needed to make
+   progress, only to make it prompt. */
+#define GP_SLEEP_NS 50000000L
+
+void gsi_gp_writer_barrier(void)
+{
+    if (gsi_rcu_fences) {
+        /* Pairs with the read side's seq_cst fences (reader.c). */
+        atomic_thread_fence(memory_order_seq_cst);
+        return;
+    }
+    /* Executes a full barrier on every CPU running a thread of this
+       process, and on this one: pairs with the read side's compiler
+       barriers (reader.c), promoting them to full barriers. */
+    if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0)
+        gsi_fatal_msg("gs_synchronize_rcu", "membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) failed");
+}
+
+uint64_t gsi_gp_cookie(void)
+{
+    /* Orders the caller's earlier stores (the unlink) before the load of
+       the sequence: pairs with the writer barrier after the sequence store
+       that starts the grace period this cookie names (F1 < W < F2). */
+    atomic_thread_fence(memory_order_seq_cst);
+    uint64_t c = (atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) + 3) & ~(uint64_t)1;
+    /* Relaxed atomic max: a hint for gsi_gp_advance(), no ordering needed. */
+    uint64_t r = atomic_load_explicit(&gp_requested, memory_order_relaxed);
+    while (r < c && !atomic_compare_exchange_weak_explicit(&gp_requested, &r, c,
+                                                           memory_order_relaxed,
+                                                           memory_order_relaxed))
+        ;
+    return c;
+}
+
+bool gsi_gp_done(uint64_t cookie)
+{
+    /* Acquire: pairs with the release store in gp_end_locked(); whatever
+       the caller does after seeing true happens after the grace period. */
+    return atomic_load_explicit(&gsi_gp_seq, memory_order_acquire) >= cookie;
+}
+
+uint64_t gsi_gp_started(void)
+{
+    /* Relaxed: a statistic. */
+    uint64_t s = atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed);
+    return (s - GSI_GP_SEQ_BASE + 1) / 2;
+}
+
+uint64_t gsi_gp_completed(void)
+{
+    /* Relaxed: a statistic. */
+    return (atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) - GSI_GP_SEQ_BASE) / 2;
+}
+
+/* s even, gp_mutex held. Returns the new (odd) value. */
+static uint64_t gp_start_locked(uint64_t s)
+{
+    /* seq_cst store W: in the single total order after the F1 fence of
+       every cookie that read a value below it, and before F2 below. Pairs
+       with the readers' acquire load of the sequence. */
+    atomic_store_explicit(&gsi_gp_seq, s + 1, memory_order_seq_cst);
+    /* F2: pairs with the read-side barrier F3 in gs_rcu_read_lock(). */
+    gsi_gp_writer_barrier();
+    return s + 1;
+}
+
+/* start odd, gp_mutex held. */
+static void gp_end_locked(uint64_t start)
+{
+    /* Release: pairs with the acquire load in gsi_gp_done() (and the
+       readers'); the scans that saw every pre-existing reader leave
+       happen before it. */
+    atomic_store_explicit(&gsi_gp_seq, start + 1, memory_order_release);
+}
+
+/* Does some reader that entered before `start` still hold the grace period
+   open? gp_mutex held; takes the registry lock. */
+static bool gp_readers_blocking_locked(uint64_t start)
+{
+    bool blocked = false;
+    gsi_rcu_registry_lock();
+    for (struct gsi_rcu_reader *r = gsi_rcu_registry_first_locked(); r; r = r->next) {
+        /* Acquire: pairs with the release stores of r->snap in
+           gs_rcu_read_lock()/gs_rcu_read_unlock(). */
+        uint64_t v = atomic_load_explicit(&r->snap, memory_order_acquire);
+        if (v != 0 && v < start) {
+            blocked = true;
+            break;
+        }
+    }
+    gsi_rcu_registry_unlock();
+    return blocked;
+}
+
+/* Waits until no reader that entered before `start` is inside. gp_mutex
+   held (kept across the sleep: only drivers need it). */
+static void gp_wait_readers_locked(uint64_t start)
+{
+    for (unsigned spins = 0;; spins++) {
+        if (!gp_readers_blocking_locked(start))
+            return;
+        if (spins < GP_SPINS) {
+            for (int i = 0; i < 32; i++)
+                gsi_cpu_relax();
+            continue;
+        }
+        /* Relaxed store, ordered before the rescan by the writer barrier,
+           which pairs with the barrier between the snapshot clear and the
+           load of gsi_gp_waiting in gs_rcu_read_unlock(). */
+        atomic_store_explicit(&gsi_gp_waiting, 1, memory_order_relaxed);
+        gsi_gp_writer_barrier();
+        if (!gp_readers_blocking_locked(start)) {
+            atomic_store_explicit(&gsi_gp_waiting, 0, memory_order_relaxed);
+            return;
+        }
+        struct timespec t = {0, GP_SLEEP_NS};
+        gsi_futex_wait(&gsi_gp_waiting, 1, &t);
+    }
+}
+
+/* One non-blocking step: start a grace period if one is needed, end the
+   open one if nothing blocks it. gp_mutex held. */
+static void gp_try_locked(void)
+{
+    for (int round = 0; round < 2; round++) {
+        uint64_t s = atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed);
+        if (!(s & 1)) {
+            /* Relaxed: a hint (see gp_requested). */
+            if (atomic_load_explicit(&gp_requested, memory_order_relaxed) <= s)
+                return;
+            s = gp_start_locked(s);
+        }
+        if (gp_readers_blocking_locked(s))
+            return;
+        gp_end_locked(s);
+    }
+}
+
+void gsi_gp_advance(void)
+{
+    if (pthread_mutex_trylock(&gp_mutex) != 0)
+        return;
+    gp_try_locked();
+    pthread_mutex_unlock(&gp_mutex);
+}
+
+/* Blocks until gsi_gp_done(cookie). Not inside a read-side section. */
+static void gp_wait(uint64_t cookie)
+{
+    if (gsi_gp_done(cookie))
+        return;
+    pthread_mutex_lock(&gp_mutex);
+    while (!gsi_gp_done(cookie)) {
+        uint64_t s = atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed);
+        if (!(s & 1))
+            s = gp_start_locked(s);
+        gp_wait_readers_locked(s);
+        gp_end_locked(s);
+    }
+    pthread_mutex_unlock(&gp_mutex);
+}
+
+static void check_not_reader(const char *call)
+{
+    if (GS_UNLIKELY(gsi_rcu_self.nesting != 0))
+        gsi_fatal_msg(call, "called inside a read-side critical section");
+}
+
+void gsi_gp_wait(uint64_t cookie)
+{
+    check_not_reader("gsi_gp_wait");
+    gp_wait(cookie);
+}
+
+GS_EXPORT void gs_synchronize_rcu(void)
+{
+    check_not_reader("gs_synchronize_rcu");
+    gp_wait(gsi_gp_cookie());
+}
+
+/* For callback.c (the lazy thread and gs_rcu_barrier() checks). */
+void gsi_gp_check_not_reader(const char *call)
+{
+    check_not_reader(call);
+}
+
+GS_EXPORT unsigned long gs_rcu_get_state(void)
+{
+    return (unsigned long)gsi_gp_cookie();
+}
+
+GS_EXPORT bool gs_rcu_poll_state(unsigned long cookie)
+{
+    if (gsi_gp_done(cookie))
+        return true;
+    gsi_gp_advance();
+    return gsi_gp_done(cookie);
+}
+
+void gsi_gp_atfork_child(void)
+{
+    /* The holder of gp_mutex may have vanished; an odd sequence stays a
+       valid open grace period that the next driver continues. */
+    pthread_mutex_init(&gp_mutex, NULL);
+    atomic_store_explicit(&gsi_gp_waiting, 0, memory_order_relaxed);
+}

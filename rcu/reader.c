@@ -1,0 +1,92 @@
+/*
+ * The read side. gs_rcu_read_lock() publishes, in the thread's record, the
+ * grace-period sequence it saw on entry; gs_rcu_read_unlock() clears it. A
+ * grace period that starts at sequence `start` waits only for records whose
+ * snapshot is non-zero and below `start` (see gp.c), so readers that enter
+ * after a grace period started never hold it up.
+ *
+ * Budget: the outermost lock is a TLS load, three predictable branches
+ * (nesting, registered, mode), one load of the sequence and one store; the
+ * outermost unlock one store, one load of gsi_gp_waiting and two branches.
+ * In membarrier mode neither issues a fence; in fence mode each issues one.
+ * Nested calls only count.
+ *
+ * Not async-signal-safe: a signal handler that enters a read-side critical
+ * section while the interrupted code is inside gs_rcu_read_lock() itself
+ * may be left unprotected (the same holds for liburcu).
+ */
+#include "rcu/engine.h"
+#include "rcu/internal.h"
+#include "graceslab.h"
+
+GS_EXPORT void gs_rcu_read_lock(void)
+{
+    struct gsi_rcu_reader *r = &gsi_rcu_self;
+    if (r->nesting++ != 0)
+        return;
+    if (GS_UNLIKELY(!r->registered))
+        gsi_rcu_register_slow();
+    /* Acquire: pairs with the seq_cst store that starts a grace period in
+       gp_start_locked(); a reader that sees the new sequence (and so is not
+       waited for) sees everything the updater did before the start. */
+    uint64_t s = atomic_load_explicit(&gsi_gp_seq, memory_order_acquire);
+    /* Release: pairs with the acquire load in gp_readers_blocking_locked();
+       if the driver reads this snapshot, this thread's earlier critical
+       sections happen before the end of the grace period. */
+    atomic_store_explicit(&r->snap, s, memory_order_release);
+    /* Orders the snapshot store before the critical section's loads.
+       Fence mode: seq_cst fence, pairs with the seq_cst fence after the
+       sequence store in gp_start_locked() (store-buffering: either the
+       driver sees our snapshot or we see the updater's unlink). Membarrier
+       mode: a compiler barrier that the driver's membarrier(2) promotes to
+       a full barrier (same pairing). */
+    if (gsi_rcu_fences)
+        atomic_thread_fence(memory_order_seq_cst);
+    else
+        atomic_signal_fence(memory_order_seq_cst);
+}
+
+GS_EXPORT void gs_rcu_read_unlock(void)
+{
+    struct gsi_rcu_reader *r = &gsi_rcu_self;
+    unsigned long n = r->nesting;
+    if (GS_LIKELY(n == 1)) {
+        /* Release: the critical section's accesses happen before any
+           driver load (acquire, gp_readers_blocking_locked()) that sees
+           the record quiescent; pairs with that acquire. */
+        atomic_store_explicit(&r->snap, 0, memory_order_release);
+        r->nesting = 0;
+        /* Orders the store above before the load of gsi_gp_waiting below
+           (store-buffering against the driver, which stores
+           gsi_gp_waiting = 1 and then issues its writer barrier before
+           rescanning): either the driver's rescan sees us quiescent or we
+           see it waiting and wake it. Fence mode: pairs with the seq_cst
+           fence of gsi_gp_writer_barrier(); membarrier mode: compiler
+           barrier promoted by its membarrier(2). */
+        if (gsi_rcu_fences)
+            atomic_thread_fence(memory_order_seq_cst);
+        else
+            atomic_signal_fence(memory_order_seq_cst);
+        /* Relaxed: only decides whether to wake; the fence above orders it. */
+        if (GS_UNLIKELY(atomic_load_explicit(&gsi_gp_waiting, memory_order_relaxed)))
+            gsi_rcu_wake_gp_slow();
+        return;
+    }
+    if (GS_UNLIKELY(n == 0))
+        gsi_fatal_msg("gs_rcu_read_unlock",
+                      "unbalanced unlock: not inside a read-side critical section");
+    r->nesting = n - 1;
+}
+
+GS_NOINLINE void gsi_rcu_wake_gp_slow(void)
+{
+    /* Relaxed exchange: the futex wake is what matters; whoever clears the
+       flag issues it. The driver rescans after every wakeup. */
+    if (atomic_exchange_explicit(&gsi_gp_waiting, 0, memory_order_relaxed))
+        gsi_futex_wake(&gsi_gp_waiting, 1);
+}
+
+bool gsi_rcu_in_reader(void)
+{
+    return gsi_rcu_self.nesting != 0;
+}

@@ -1,0 +1,167 @@
+/*
+ * Threads and the reader registry: one reader record per thread (in
+ * initial-exec TLS), linked into a mutex-protected list on first use,
+ * unlinked when the thread exits (a pthread key destructor) or calls
+ * gs_rcu_unregister_thread(). Engine initialisation (read-side mode,
+ * membarrier registration, the key, the fork handlers) happens once, from
+ * the first registration or deferral.
+ *
+ * Fork: the prepare handler takes the registry lock, so the child inherits
+ * a well-formed list; the child handler keeps only its own record (the
+ * other threads are gone, so their readers must not hold grace periods
+ * open), resets the GP driver's mutex (gp.c) and forgets the lazy thread
+ * (callback.c), which is recreated on the next deferral.
+ */
+#include "rcu/engine.h"
+#include "rcu/internal.h"
+#include "graceslab.h"
+
+#include <linux/membarrier.h>
+#include <signal.h>
+
+__thread struct gsi_rcu_reader gsi_rcu_self __attribute__((tls_model("initial-exec")));
+bool gsi_rcu_fences;
+
+/* Registry lock: protects registry_head and every record's next/prev and
+   registered fields (writes). Lock order: GP mutex (gp.c) -> registry lock.
+   Held only for list walks and link/unlink, never across a sleep. */
+static pthread_mutex_t registry_mutex = PTHREAD_MUTEX_INITIALIZER;
+static struct gsi_rcu_reader *registry_head;
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static pthread_key_t exit_key;
+
+void gsi_rcu_registry_lock(void)
+{
+    pthread_mutex_lock(&registry_mutex);
+}
+
+void gsi_rcu_registry_unlock(void)
+{
+    pthread_mutex_unlock(&registry_mutex);
+}
+
+struct gsi_rcu_reader *gsi_rcu_registry_first_locked(void)
+{
+    return registry_head;
+}
+
+static void link_locked(struct gsi_rcu_reader *r)
+{
+    r->prev = NULL;
+    r->next = registry_head;
+    if (registry_head)
+        registry_head->prev = r;
+    registry_head = r;
+    r->registered = true;
+}
+
+static void unlink_locked(struct gsi_rcu_reader *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        registry_head = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    r->next = r->prev = NULL;
+    r->registered = false;
+}
+
+/* membarrier(2) with MEMBARRIER_CMD_PRIVATE_EXPEDITED usable? Registers the
+   process for it (needed once per process, and again in a fork child). */
+static bool membarrier_register(void)
+{
+    long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+    if (cmds < 0 || !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED))
+        return false;
+    return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+
+/* Key destructor: runs on the exiting thread with r == &gsi_rcu_self. */
+static void thread_exit(void *arg)
+{
+    struct gsi_rcu_reader *r = arg;
+    if (GS_UNLIKELY(r->nesting != 0))
+        gsi_fatal_msg("pthread_exit",
+                      "thread exited inside an RCU read-side critical section");
+    pthread_mutex_lock(&registry_mutex);
+    if (r->registered)
+        unlink_locked(r);
+    pthread_mutex_unlock(&registry_mutex);
+}
+
+static void atfork_prepare(void)
+{
+    pthread_mutex_lock(&registry_mutex);
+}
+
+static void atfork_parent(void)
+{
+    pthread_mutex_unlock(&registry_mutex);
+}
+
+static void atfork_child(void)
+{
+    struct gsi_rcu_reader *self = &gsi_rcu_self;
+    /* Only this thread survives: drop every other record. */
+    pthread_mutex_init(&registry_mutex, NULL);
+    registry_head = NULL;
+    if (self->registered)
+        link_locked(self);
+    /* Membarrier registration is per mm: redo it. Only one thread exists,
+       so falling back to fences here cannot race with a reader. */
+    if (!gsi_rcu_fences && !membarrier_register())
+        gsi_rcu_fences = true;
+    gsi_gp_atfork_child();
+    gsi_rcu_cb_atfork_child();
+}
+
+static void init_once_fn(void)
+{
+    gsi_rcu_fences = GS_RCU_TSAN || gsi_option(GSI_OPT_RCU_FENCES) != 0 ||
+                     !membarrier_register();
+    if (pthread_key_create(&exit_key, thread_exit) != 0)
+        gsi_fatal_msg("gs_rcu_register_thread", "pthread_key_create failed");
+    if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0)
+        gsi_fatal_msg("gs_rcu_register_thread", "pthread_atfork failed");
+}
+
+void gsi_rcu_init(void)
+{
+    pthread_once(&init_once, init_once_fn);
+}
+
+void gsi_rcu_register_slow(void)
+{
+    struct gsi_rcu_reader *r = &gsi_rcu_self;
+    gsi_rcu_init();
+    if (r->registered)
+        return;
+    pthread_mutex_lock(&registry_mutex);
+    link_locked(r);
+    pthread_mutex_unlock(&registry_mutex);
+    /* Arms thread_exit(). Keys below PTHREAD_KEY_2NDLEVEL_SIZE use the
+       thread descriptor's inline array: no allocation. */
+    pthread_setspecific(exit_key, r);
+}
+
+GS_EXPORT void gs_rcu_register_thread(void)
+{
+    if (!gsi_rcu_self.registered)
+        gsi_rcu_register_slow();
+}
+
+GS_EXPORT void gs_rcu_unregister_thread(void)
+{
+    struct gsi_rcu_reader *r = &gsi_rcu_self;
+    if (GS_UNLIKELY(r->nesting != 0))
+        gsi_fatal_msg("gs_rcu_unregister_thread",
+                      "called inside an RCU read-side critical section");
+    if (!r->registered)
+        return;
+    pthread_mutex_lock(&registry_mutex);
+    unlink_locked(r);
+    pthread_mutex_unlock(&registry_mutex);
+    pthread_setspecific(exit_key, NULL);
+}
