@@ -120,17 +120,20 @@ static void lazy_sleep(uint32_t ev, uint64_t deadline_ns)
     atomic_store_explicit(&cb_sleeping, AWAKE, memory_order_relaxed);
 }
 
-/* Takes the queue, waits for a grace period, invokes the batch, then the
-   reclaim hook if it was requested. */
+/* Takes the queue, waits for a grace period, calls the reclaim hook if it
+   was requested, then invokes the batch in FIFO order. */
 static void lazy_process(void)
 {
-    /* Relaxed exchanges of the flags: the acquire exchange of the stack
-       below and the grace period provide the ordering that matters. */
+    /* Relaxed: a hurry that arrives from now on finds the stack non-empty
+       or is served by the next round anyway. */
     atomic_store_explicit(&cb_hurry, 0, memory_order_relaxed);
-    bool reclaim = atomic_exchange_explicit(&cb_reclaim, 0, memory_order_relaxed);
-    /* Acquire: pairs with the release CAS in enqueue(); the updaters'
-       unlinks happen before the cookie below is taken. */
-    struct gs_rcu_head *h = atomic_exchange_explicit(&cb_stack, NULL, memory_order_acquire);
+    /* seq_cst (acquire at least): pairs with the release CAS in enqueue();
+       the updaters' unlinks happen before the cookie below is taken. */
+    struct gs_rcu_head *h = atomic_exchange_explicit(&cb_stack, NULL, memory_order_seq_cst);
+    /* seq_cst, after the stack: a reclaim requested before a push we just
+       took is seen now, so a gs_rcu_barrier() queued after
+       gsi_rcu_request_reclaim() returns only after the hook ran. */
+    bool reclaim = atomic_exchange_explicit(&cb_reclaim, 0, memory_order_seq_cst);
     struct gs_rcu_head *fifo = NULL;
     uint64_t n = 0;
     while (h) {
@@ -146,6 +149,12 @@ static void lazy_process(void)
        read it. */
     atomic_store_explicit(&cb_inflight, fifo, memory_order_relaxed);
     gsi_gp_wait(gsi_gp_cookie());
+    if (reclaim) {
+        /* Acquire: pairs with the release store in gsi_rcu_set_reclaim_hook(). */
+        void (*hook)(void) = atomic_load_explicit(&reclaim_hook, memory_order_acquire);
+        if (hook)
+            hook();
+    }
     while (fifo) {
         struct gs_rcu_head *next = fifo->next;
         atomic_store_explicit(&cb_inflight, next, memory_order_relaxed);
@@ -154,12 +163,6 @@ static void lazy_process(void)
            the callback's effects happen before a barrier that counts it. */
         atomic_fetch_add_explicit(&cb_invoked, 1, memory_order_release);
         fifo = next;
-    }
-    if (reclaim) {
-        /* Acquire: pairs with the release store in gsi_rcu_set_reclaim_hook(). */
-        void (*hook)(void) = atomic_load_explicit(&reclaim_hook, memory_order_acquire);
-        if (hook)
-            hook();
     }
 }
 

@@ -212,6 +212,7 @@ static void gp_try_locked(void)
 
 void gsi_gp_advance(void)
 {
+    gsi_rcu_init(); /* the read-side mode decides the writer barrier */
     if (pthread_mutex_trylock(&gp_mutex) != 0)
         return;
     gp_try_locked();
@@ -223,6 +224,7 @@ static void gp_wait(uint64_t cookie)
 {
     if (gsi_gp_done(cookie))
         return;
+    gsi_rcu_init(); /* the read-side mode decides the writer barrier */
     pthread_mutex_lock(&gp_mutex);
     while (!gsi_gp_done(cookie)) {
         uint64_t s = atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed);

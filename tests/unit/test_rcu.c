@@ -1,0 +1,527 @@
+/*
+ * Unit tests of the grace-period engine (rcu/). Linked with the static
+ * library so that the internal interface (rcu/internal.h) is reachable too.
+ * meson runs this binary twice: as is (membarrier read side when the kernel
+ * has it) and with GRACESLAB_RCU_FENCES=1 (fence read side), both with
+ * GRACESLAB_RCU_LAZY_MS=30000 so that "did not wait for the lazy timeout"
+ * is a functional, not a timing, property.
+ */
+#include <criterion/criterion.h>
+
+#include "graceslab.h"
+#include "alloc/common.h"
+#include "rcu/engine.h"
+#include "rcu/internal.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static void sleep_ms(long ms)
+{
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0)
+        ;
+}
+
+/* A thread that enters a read-side section, says so, and stays until told. */
+struct holder {
+    pthread_t t;
+    atomic_int inside;
+    atomic_int release;
+};
+
+static void *holder_main(void *arg)
+{
+    struct holder *h = arg;
+    gs_rcu_read_lock();
+    atomic_store(&h->inside, 1);
+    while (!atomic_load(&h->release))
+        sleep_ms(1);
+    gs_rcu_read_unlock();
+    atomic_store(&h->inside, 0);
+    return NULL;
+}
+
+static void holder_start(struct holder *h)
+{
+    atomic_init(&h->inside, 0);
+    atomic_init(&h->release, 0);
+    cr_assert_eq(pthread_create(&h->t, NULL, holder_main, h), 0);
+    while (!atomic_load(&h->inside))
+        sleep_ms(1);
+}
+
+static void holder_stop(struct holder *h)
+{
+    atomic_store(&h->release, 1);
+    pthread_join(h->t, NULL);
+}
+
+/* A thread that runs gs_synchronize_rcu() once and flags completion. */
+struct syncer {
+    pthread_t t;
+    atomic_int done;
+};
+
+static void *syncer_main(void *arg)
+{
+    struct syncer *s = arg;
+    gs_synchronize_rcu();
+    atomic_store(&s->done, 1);
+    return NULL;
+}
+
+static void syncer_start(struct syncer *s)
+{
+    atomic_init(&s->done, 0);
+    cr_assert_eq(pthread_create(&s->t, NULL, syncer_main, s), 0);
+}
+
+Test(rcu, mode_matches_option)
+{
+    gs_rcu_read_lock();
+    gs_rcu_read_unlock();
+    const char *f = getenv("GRACESLAB_RCU_FENCES");
+    if (f && strcmp(f, "1") == 0)
+        cr_assert(gsi_rcu_fences, "GRACESLAB_RCU_FENCES=1 must select the fence read side");
+    else if (!GS_RCU_TSAN)
+        cr_log_info("read side: %s", gsi_rcu_fences ? "fences" : "membarrier");
+    if (GS_RCU_TSAN)
+        cr_assert(gsi_rcu_fences, "TSan builds must use the fence read side");
+}
+
+Test(rcu, nesting)
+{
+    cr_assert_not(gsi_rcu_in_reader());
+    gs_rcu_read_lock();
+    gs_rcu_read_lock();
+    cr_assert(gsi_rcu_in_reader());
+    gs_rcu_read_unlock();
+    cr_assert(gsi_rcu_in_reader(), "still inside after one of two unlocks");
+    gs_rcu_read_unlock();
+    cr_assert_not(gsi_rcu_in_reader());
+    /* A grace period completes once the outermost unlock has run. */
+    gs_synchronize_rcu();
+}
+
+Test(rcu, nested_reader_holds_gp)
+{
+    struct holder h;
+    holder_start(&h); /* depth 1 in the holder */
+    uint64_t c = gsi_gp_cookie();
+    for (int i = 0; i < 50; i++) {
+        gsi_gp_advance();
+        sleep_ms(2);
+    }
+    cr_assert_not(gsi_gp_done(c), "grace period ended under a pre-existing reader");
+    holder_stop(&h);
+    gsi_gp_wait(c);
+    cr_assert(gsi_gp_done(c));
+}
+
+Test(rcu, poll_state_only_after_full_gp)
+{
+    /* Outside any reader, a cookie completes once a GP has run. */
+    unsigned long c0 = gs_rcu_get_state();
+    uint64_t completed0 = gsi_gp_completed();
+    gs_synchronize_rcu();
+    cr_assert(gs_rcu_poll_state(c0));
+    cr_assert_geq(gsi_gp_completed(), completed0 + 1);
+
+    /* With a reader inside, a cookie taken now must not complete. */
+    struct holder h;
+    holder_start(&h);
+    unsigned long c = gs_rcu_get_state();
+    cr_assert_not(gs_rcu_poll_state(c), "fresh cookie already done");
+    for (int i = 0; i < 100; i++) {
+        cr_assert_not(gs_rcu_poll_state(c), "poll true while a pre-existing reader is inside");
+        sleep_ms(1);
+    }
+    /* A cookie taken while a GP is open needs the *next* GP: even after the
+       open one ends it is not done until one more completes. */
+    uint64_t seq = atomic_load(&gsi_gp_seq);
+    cr_assert(seq & 1, "polling should have started a grace period");
+    holder_stop(&h);
+    int polls = 0;
+    while (!gs_rcu_poll_state(c)) {
+        polls++;
+        sleep_ms(1);
+        cr_assert_lt(polls, 10000, "poll never turned true");
+    }
+    cr_assert_geq(atomic_load(&gsi_gp_seq), (uint64_t)c);
+    /* Done stays done. */
+    gs_synchronize_rcu();
+    cr_assert(gs_rcu_poll_state(c));
+}
+
+Test(rcu, gp_waits_for_preexisting_reader)
+{
+    struct holder h;
+    struct syncer s;
+    holder_start(&h);
+    syncer_start(&s);
+    sleep_ms(200);
+    cr_assert_not(atomic_load(&s.done), "gs_synchronize_rcu() returned under a pre-existing reader");
+    holder_stop(&h);
+    pthread_join(s.t, NULL);
+    cr_assert(atomic_load(&s.done));
+}
+
+Test(rcu, gp_does_not_wait_for_new_readers)
+{
+    struct holder old, young;
+    struct syncer s;
+    uint64_t started = gsi_gp_started();
+    holder_start(&old);
+    syncer_start(&s);
+    /* Wait until the syncer has started its grace period... */
+    while (gsi_gp_started() == started)
+        sleep_ms(1);
+    /* ...then a new reader enters and never leaves while we wait. */
+    holder_start(&young);
+    sleep_ms(50);
+    cr_assert_not(atomic_load(&s.done));
+    holder_stop(&old);
+    /* The grace period must end although `young` is still inside. */
+    for (int i = 0; i < 20000 && !atomic_load(&s.done); i++)
+        sleep_ms(1);
+    cr_assert(atomic_load(&s.done), "a reader that entered after the GP started blocked it");
+    cr_assert(atomic_load(&young.inside));
+    pthread_join(s.t, NULL);
+    holder_stop(&young);
+}
+
+static atomic_int cb_runs;
+static void count_cb(struct gs_rcu_head *h)
+{
+    (void)h;
+    atomic_fetch_add(&cb_runs, 1);
+}
+
+Test(rcu, call_rcu_runs_after_gp)
+{
+    static struct gs_rcu_head head;
+    struct holder h;
+    holder_start(&h);
+    gs_call_rcu_hurry(&head, count_cb);
+    sleep_ms(200);
+    cr_assert_eq(atomic_load(&cb_runs), 0, "callback ran under a pre-existing reader");
+    holder_stop(&h);
+    gs_rcu_barrier();
+    cr_assert_eq(atomic_load(&cb_runs), 1);
+    cr_assert_eq(head.func, count_cb);
+}
+
+Test(rcu, lazy_call_rcu_waits_barrier_does_not)
+{
+    long lazy_ms = gsi_option(GSI_OPT_RCU_LAZY_MS);
+    static struct gs_rcu_head heads[10];
+    for (int i = 0; i < 10; i++)
+        gs_call_rcu(&heads[i], count_cb);
+    if (lazy_ms >= 10000) {
+        sleep_ms(300);
+        cr_assert_eq(atomic_load(&cb_runs), 0, "lazy callbacks ran before the lazy timeout");
+    }
+    gs_rcu_barrier();
+    cr_assert_eq(atomic_load(&cb_runs), 10);
+}
+
+Test(rcu, hurry_does_not_wait_for_lazy_timeout)
+{
+    long lazy_ms = gsi_option(GSI_OPT_RCU_LAZY_MS);
+    cr_assert_geq(lazy_ms, 10000, "run with GRACESLAB_RCU_LAZY_MS >= 10000 (meson does)");
+    static struct gs_rcu_head lazy, hurry;
+    gs_call_rcu(&lazy, count_cb); /* a lazy one queued first */
+    gs_call_rcu_hurry(&hurry, count_cb);
+    /* Both must run long before the lazy timeout: hurry flushes the queue. */
+    for (long waited = 0; atomic_load(&cb_runs) < 2; waited++) {
+        cr_assert_lt(waited, lazy_ms / 2, "hurry waited for the lazy timeout");
+        sleep_ms(1);
+    }
+    cr_assert_eq(atomic_load(&cb_runs), 2);
+}
+
+/* gs_rcu_barrier() waits for every earlier callback, from several threads,
+   including ones that cannot run yet because a reader holds the GP. */
+#define BAR_THREADS 4
+#define BAR_EACH 2000
+static struct gs_rcu_head bar_heads[BAR_THREADS][BAR_EACH];
+
+static void *bar_enqueuer(void *arg)
+{
+    long t = (long)arg;
+    for (int i = 0; i < BAR_EACH; i++) {
+        if (i % 7 == 0)
+            gs_call_rcu_hurry(&bar_heads[t][i], count_cb);
+        else
+            gs_call_rcu(&bar_heads[t][i], count_cb);
+    }
+    return NULL;
+}
+
+struct barrier_thread {
+    pthread_t t;
+    atomic_int done;
+    int seen;
+};
+
+static void *barrier_main(void *arg)
+{
+    struct barrier_thread *b = arg;
+    gs_rcu_barrier();
+    b->seen = atomic_load(&cb_runs);
+    atomic_store(&b->done, 1);
+    return NULL;
+}
+
+Test(rcu, barrier_waits_for_every_earlier_callback)
+{
+    struct holder h;
+    holder_start(&h);
+    pthread_t t[BAR_THREADS];
+    for (long i = 0; i < BAR_THREADS; i++)
+        pthread_create(&t[i], NULL, bar_enqueuer, (void *)i);
+    for (int i = 0; i < BAR_THREADS; i++)
+        pthread_join(t[i], NULL);
+    struct barrier_thread b = {.seen = -1};
+    atomic_init(&b.done, 0);
+    pthread_create(&b.t, NULL, barrier_main, &b);
+    sleep_ms(200);
+    cr_assert_not(atomic_load(&b.done), "barrier returned while callbacks were blocked by a reader");
+    holder_stop(&h);
+    pthread_join(b.t, NULL);
+    cr_assert_eq(b.seen, BAR_THREADS * BAR_EACH);
+    /* Nothing pending: a barrier returns at once. */
+    gs_rcu_barrier();
+    cr_assert_eq(atomic_load(&cb_runs), BAR_THREADS * BAR_EACH);
+}
+
+Test(rcu, no_thread_until_deferral)
+{
+    gs_rcu_read_lock();
+    gs_rcu_read_unlock();
+    gs_synchronize_rcu();
+    unsigned long c = gs_rcu_get_state();
+    while (!gs_rcu_poll_state(c))
+        sleep_ms(1);
+    gs_rcu_barrier(); /* nothing ever queued */
+    cr_assert_not(gsi_rcu_lazy_thread_exists(),
+                  "the engine created a thread although nothing was deferred");
+    static struct gs_rcu_head head;
+    gs_call_rcu_hurry(&head, count_cb);
+    cr_assert(gsi_rcu_lazy_thread_exists());
+    gs_rcu_barrier();
+    cr_assert_eq(atomic_load(&cb_runs), 1);
+}
+
+static atomic_int hook_calls;
+static void reclaim_hook(void)
+{
+    atomic_fetch_add(&hook_calls, 1);
+}
+
+Test(rcu, reclaim_hook_after_gp)
+{
+    /* The allocator installs its own hook at startup; replace it here. */
+    gsi_rcu_set_reclaim_hook(reclaim_hook);
+    uint64_t c = gsi_gp_cookie();
+    gsi_rcu_request_reclaim();
+    /* Bounded by the lazy timeout; barrier hurries the thread. */
+    static struct gs_rcu_head head;
+    gs_call_rcu_hurry(&head, count_cb);
+    gs_rcu_barrier();
+    cr_assert_eq(atomic_load(&hook_calls), 1, "hook not called exactly once");
+    cr_assert(gsi_gp_done(c));
+}
+
+/* ---- Misuse: run in a forked child, capture stderr, expect SIGABRT. ---- */
+
+static void expect_abort(void (*fn)(void), const char *needle)
+{
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        dup2(p[1], 2);
+        close(p[0]);
+        alarm(20);
+        fn();
+        _exit(0);
+    }
+    close(p[1]);
+    char buf[1024];
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof buf - 1 && (r = read(p[0], buf + n, sizeof buf - 1 - n)) > 0)
+        n += (size_t)r;
+    buf[n] = 0;
+    close(p[0]);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "child did not abort (status %d), stderr: %s",
+              st, buf);
+    cr_assert(strstr(buf, needle) != NULL, "stderr lacks \"%s\": %s", needle, buf);
+}
+
+static void misuse_sync_in_reader(void)
+{
+    gs_rcu_read_lock();
+    gs_synchronize_rcu();
+}
+
+static void misuse_barrier_in_reader(void)
+{
+    gs_rcu_read_lock();
+    gs_rcu_barrier();
+}
+
+static void misuse_unbalanced_unlock(void)
+{
+    gs_rcu_read_lock();
+    gs_rcu_read_unlock();
+    gs_rcu_read_unlock();
+}
+
+static void misuse_unlock_first(void)
+{
+    gs_rcu_read_unlock();
+}
+
+static void misuse_wait_in_reader(void)
+{
+    gs_rcu_read_lock();
+    gsi_gp_wait(gsi_gp_cookie());
+}
+
+static void misuse_unregister_in_reader(void)
+{
+    gs_rcu_register_thread();
+    gs_rcu_read_lock();
+    gs_rcu_unregister_thread();
+}
+
+static void *exit_inside(void *arg)
+{
+    (void)arg;
+    gs_rcu_read_lock();
+    return NULL; /* thread exits inside the critical section */
+}
+
+static void misuse_exit_in_reader(void)
+{
+    pthread_t t;
+    pthread_create(&t, NULL, exit_inside, NULL);
+    pthread_join(t, NULL);
+}
+
+Test(rcu, misuse_aborts_with_clear_line)
+{
+    expect_abort(misuse_sync_in_reader,
+                 "graceslab: gs_synchronize_rcu(): called inside a read-side critical section\n");
+    expect_abort(misuse_barrier_in_reader,
+                 "graceslab: gs_rcu_barrier(): called inside a read-side critical section\n");
+    expect_abort(misuse_unbalanced_unlock, "graceslab: gs_rcu_read_unlock(): unbalanced unlock");
+    expect_abort(misuse_unlock_first, "graceslab: gs_rcu_read_unlock(): unbalanced unlock");
+    expect_abort(misuse_wait_in_reader,
+                 "graceslab: gsi_gp_wait(): called inside a read-side critical section\n");
+    expect_abort(misuse_unregister_in_reader,
+                 "graceslab: gs_rcu_unregister_thread(): called inside an RCU read-side critical section\n");
+    expect_abort(misuse_exit_in_reader,
+                 "graceslab: pthread_exit(): thread exited inside an RCU read-side critical section\n");
+}
+
+Test(rcu, register_unregister)
+{
+    gs_rcu_register_thread();
+    gs_rcu_register_thread(); /* idempotent */
+    gs_rcu_unregister_thread();
+    gs_rcu_unregister_thread(); /* idempotent */
+    gs_rcu_read_lock();         /* re-registers */
+    cr_assert(gsi_rcu_self.registered);
+    gs_rcu_read_unlock();
+    gs_synchronize_rcu();
+}
+
+/* ---- Fork with readers running. ---- */
+
+static atomic_int fork_stop;
+
+static void *fork_reader(void *arg)
+{
+    long slow = (long)arg;
+    while (!atomic_load(&fork_stop)) {
+        gs_rcu_read_lock();
+        if (slow)
+            sleep_ms(5); /* often inside at fork time */
+        gs_rcu_read_unlock();
+    }
+    return NULL;
+}
+
+static void *fork_writer(void *arg)
+{
+    (void)arg;
+    static struct gs_rcu_head heads[64];
+    int i = 0;
+    while (!atomic_load(&fork_stop)) {
+        gs_synchronize_rcu();
+        gs_call_rcu(&heads[i++ % 64], count_cb);
+        if (i % 64 == 0)
+            gs_rcu_barrier();
+    }
+    return NULL;
+}
+
+static int child_checks(void)
+{
+    /* Readers of vanished threads must not block grace periods; the lazy
+       thread must come back on demand. */
+    alarm(20);
+    gs_synchronize_rcu();
+    unsigned long c = gs_rcu_get_state();
+    gs_synchronize_rcu();
+    if (!gs_rcu_poll_state(c))
+        return 2;
+    static struct gs_rcu_head head;
+    int before = atomic_load(&cb_runs);
+    gs_call_rcu_hurry(&head, count_cb);
+    gs_rcu_barrier();
+    if (atomic_load(&cb_runs) < before + 1)
+        return 3;
+    gs_rcu_read_lock();
+    gs_rcu_read_unlock();
+    gs_synchronize_rcu();
+    return 0;
+}
+
+Test(rcu, fork_with_readers_running)
+{
+    pthread_t t[5];
+    for (long i = 0; i < 4; i++)
+        pthread_create(&t[i], NULL, fork_reader, (void *)(i & 1));
+    pthread_create(&t[4], NULL, fork_writer, NULL);
+    for (int k = 0; k < 20; k++) {
+        sleep_ms(7);
+        pid_t pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0)
+            _exit(child_checks());
+        int st;
+        cr_assert_eq(waitpid(pid, &st, 0), pid);
+        cr_assert(WIFEXITED(st), "fork child died (status %d)", st);
+        cr_assert_eq(WEXITSTATUS(st), 0, "fork child check %d failed", WEXITSTATUS(st));
+    }
+    atomic_store(&fork_stop, 1);
+    for (int i = 0; i < 5; i++)
+        pthread_join(t[i], NULL);
+    gs_rcu_barrier();
+}
