@@ -162,7 +162,7 @@ void gs_rcu_unregister_thread(void);
    of bytes made reusable. Blocks (outside read-side sections). */
 size_t gs_reclaim(size_t bytes);
 
-#define GS_STATS_CLASSES 64
+#define GS_STATS_CLASSES 96
 
 struct gs_stats {
     size_t mapped_bytes;      /* address space taken from the OS, in use */

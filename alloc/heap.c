@@ -1,0 +1,441 @@
+/*
+ * Thread heaps: each thread allocates from its own heap, one active slab
+ * per size class, with no atomic read-modify-write and no lock on the fast
+ * paths (malloc.c). This file holds the heap's slow paths: refill, a slab
+ * that empties, adoption, thread exit (abandonment), fork.
+ *
+ * A heap owns its active slabs, a partial list per class (slabs with free
+ * objects) and a waiting list per class (slabs whose only free objects are
+ * pending a grace period). A slab that is completely allocated is released
+ * (made ownerless): a later free into it adopts it, the way SLUB puts a full
+ * slab back on a partial list on its first free. A heap whose thread exits
+ * releases everything; slabs that still hold free or pending objects go to
+ * the class's orphan list, where refilling heaps adopt them.
+ *
+ * Locks: heap_lock (heap table and pool), orphan_lock[c] (orphan list of
+ * class c: orphan_next/orphan_prev/orphaned of its slabs). Lock order:
+ * heap_lock -> orphan_lock -> segment_lock.
+ */
+#include "alloc/internal.h"
+
+#include <errno.h>
+#include <string.h>
+
+#define EXTEND_BATCH 256 /* never-used objects linked per refill */
+
+struct gs_slab gsi_empty_slab = {.free_head = GS_LINK_END, .kind = GS_SLAB_UNUSED};
+struct gs_heap gsi_empty_heap = {.active = {[0 ... GS_NCLASSES - 1] = &gsi_empty_slab}};
+__thread struct gs_heap *gsi_tls_heap = &gsi_empty_heap;
+
+static pthread_mutex_t heap_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct gs_heap *heap_all;    /* every heap ever made (heap_lock) */
+static struct gs_heap *heap_pool;   /* heaps without a thread (heap_lock) */
+static uint32_t heap_next_id = 1;   /* heap_lock */
+
+struct orphan_list {
+    pthread_mutex_t lock;
+    struct gs_slab *first;
+    _Atomic size_t count; /* racy hint read without the lock */
+};
+static struct orphan_list orphans[GS_NCLASSES];
+
+static pthread_key_t heap_key;
+static _Atomic int init_state; /* 0: not yet, 2: done */
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread bool in_init;
+
+static void heap_abandon(struct gs_heap *h);
+static void atfork_prepare(void);
+static void atfork_parent(void);
+static void atfork_child(void);
+
+/* ------------------------------------------------------------------ lists */
+
+void gsi_heap_list_push(struct gs_slab_list *l, struct gs_slab *s)
+{
+    s->prev = NULL;
+    s->next = l->first;
+    if (l->first)
+        l->first->prev = s;
+    else
+        l->last = s;
+    l->first = s;
+    l->count++;
+}
+
+static void list_append(struct gs_slab_list *l, struct gs_slab *s)
+{
+    s->next = NULL;
+    s->prev = l->last;
+    if (l->last)
+        l->last->next = s;
+    else
+        l->first = s;
+    l->last = s;
+    l->count++;
+}
+
+void gsi_heap_list_remove(struct gs_slab_list *l, struct gs_slab *s)
+{
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        l->first = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    else
+        l->last = s->prev;
+    s->next = s->prev = NULL;
+    l->count--;
+}
+
+static void unlink_owned(struct gs_heap *h, struct gs_slab *s)
+{
+    if (s->where == GS_IN_PARTIAL)
+        gsi_heap_list_remove(&h->partial[s->cls], s);
+    else if (s->where == GS_IN_WAITING)
+        gsi_heap_list_remove(&h->waiting[s->cls], s);
+    else if (s->where == GS_IN_ACTIVE)
+        h->active[s->cls] = &gsi_empty_slab;
+    s->where = GS_IN_NONE;
+}
+
+static void make_partial(struct gs_heap *h, struct gs_slab *s)
+{
+    s->where = GS_IN_PARTIAL;
+    gsi_heap_list_push(&h->partial[s->cls], s);
+}
+
+/* ---------------------------------------------------------------- orphans */
+
+void gsi_orphan_push(struct gs_slab *s)
+{
+    struct orphan_list *o = &orphans[s->cls];
+    pthread_mutex_lock(&o->lock);
+    if (!s->orphaned) {
+        s->orphaned = true;
+        s->orphan_prev = NULL;
+        s->orphan_next = o->first;
+        if (o->first)
+            o->first->orphan_prev = s;
+        o->first = s;
+        atomic_fetch_add_explicit(&o->count, 1, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&o->lock);
+}
+
+static void orphan_unlink_locked(struct orphan_list *o, struct gs_slab *s)
+{
+    if (s->orphan_prev)
+        s->orphan_prev->orphan_next = s->orphan_next;
+    else
+        o->first = s->orphan_next;
+    if (s->orphan_next)
+        s->orphan_next->orphan_prev = s->orphan_prev;
+    s->orphan_next = s->orphan_prev = NULL;
+    s->orphaned = false;
+    atomic_fetch_sub_explicit(&o->count, 1, memory_order_relaxed);
+}
+
+/* Orphan-list membership is a hint: an orphan may be adopted by a free
+   before the list lock is taken. Whoever adopts or retires a slab removes
+   it here, so the list never holds a retired slab. */
+void gsi_orphan_remove(struct gs_slab *s)
+{
+    struct orphan_list *o = &orphans[s->cls];
+    if (!atomic_load_explicit(&o->count, memory_order_relaxed))
+        return;
+    pthread_mutex_lock(&o->lock);
+    if (s->orphaned)
+        orphan_unlink_locked(o, s);
+    pthread_mutex_unlock(&o->lock);
+}
+
+static struct gs_slab *orphan_adopt(struct gs_heap *h, unsigned cls)
+{
+    struct orphan_list *o = &orphans[cls];
+    if (!atomic_load_explicit(&o->count, memory_order_relaxed))
+        return NULL;
+    struct gs_slab *got = NULL;
+    pthread_mutex_lock(&o->lock);
+    while (!got && o->first) {
+        struct gs_slab *s = o->first;
+        orphan_unlink_locked(o, s);
+        if (gsi_slab_adopt(h, s))
+            got = s;
+    }
+    pthread_mutex_unlock(&o->lock);
+    return got;
+}
+
+/* ------------------------------------------------------------------ heaps */
+
+static struct gs_heap *heap_create_locked(void)
+{
+    struct gs_heap *h = heap_pool;
+    if (h) {
+        heap_pool = h->next_pool;
+        return h;
+    }
+    size_t bytes = (sizeof *h + GS_PAGE - 1) & ~(size_t)(GS_PAGE - 1);
+    h = gsi_os_map_aligned(bytes, GS_PAGE);
+    if (!h)
+        return NULL;
+    for (unsigned c = 0; c < GS_NCLASSES; c++)
+        h->active[c] = &gsi_empty_slab;
+    h->id = heap_next_id++;
+    h->next_all = heap_all;
+    heap_all = h;
+    return h;
+}
+
+static void thread_exit(void *arg)
+{
+    struct gs_heap *h = arg;
+    if (h && h == gsi_tls_heap)
+        heap_abandon(h);
+}
+
+void gsi_heap_init_once(void)
+{
+    if (GS_LIKELY(atomic_load_explicit(&init_state, memory_order_acquire) == 2))
+        return;
+    if (in_init)
+        return; /* a call made by the init below (pthread_atfork may malloc) */
+    pthread_mutex_lock(&init_lock);
+    if (atomic_load_explicit(&init_state, memory_order_relaxed) != 2) {
+        in_init = true;
+        gsi_classes_init();
+        for (unsigned c = 0; c < GS_NCLASSES; c++)
+            pthread_mutex_init(&orphans[c].lock, NULL);
+        pthread_key_create(&heap_key, thread_exit);
+        pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+        gsi_stats_init();
+        in_init = false;
+        /* Release pairs with the acquire load above: classes and locks are
+           ready before any thread skips this function. */
+        atomic_store_explicit(&init_state, 2, memory_order_release);
+    }
+    pthread_mutex_unlock(&init_lock);
+}
+
+struct gs_heap *gsi_heap_get(void)
+{
+    struct gs_heap *h = gsi_tls_heap;
+    if (GS_LIKELY(h != &gsi_empty_heap))
+        return h;
+    gsi_heap_init_once();
+    pthread_mutex_lock(&heap_lock);
+    h = heap_create_locked();
+    if (h)
+        h->live = true;
+    pthread_mutex_unlock(&heap_lock);
+    if (!h)
+        return NULL;
+    gsi_tls_heap = h;
+    if (atomic_load_explicit(&init_state, memory_order_acquire) == 2)
+        pthread_setspecific(heap_key, h);
+    return h;
+}
+
+void gsi_heaps_foreach(void (*fn)(struct gs_heap *, void *), void *arg)
+{
+    pthread_mutex_lock(&heap_lock);
+    for (struct gs_heap *h = heap_all; h; h = h->next_all)
+        fn(h, arg);
+    pthread_mutex_unlock(&heap_lock);
+}
+
+/* ----------------------------------------------------------------- refill */
+
+/* s is owned by h, on no list, and has no free object left. Release it, or
+   keep it on the partial list if remote frees arrived meanwhile. */
+static void put_exhausted(struct gs_heap *h, struct gs_slab *s)
+{
+    if (gsi_slab_release(h, s))
+        return;
+    /* The release failed because the remote chain is not empty; the chain
+       only grows until the owner collects, so this gets at least one. */
+    gsi_slab_collect(s);
+    make_partial(h, s);
+}
+
+/* Makes s ready to allocate from (true), or says it has nothing. */
+static bool slab_refill(struct gs_slab *s)
+{
+    return s->free_head != GS_LINK_END || gsi_slab_collect(s) ||
+           gsi_slab_extend(s, EXTEND_BATCH);
+}
+
+static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
+{
+    struct gs_slab *s = h->active[cls];
+    if (s != &gsi_empty_slab) {
+        if (slab_refill(s))
+            return s;
+        unlink_owned(h, s);
+        put_exhausted(h, s);
+    }
+    while ((s = h->partial[cls].first)) {
+        unlink_owned(h, s);
+        if (slab_refill(s))
+            goto got;
+        put_exhausted(h, s);
+    }
+    while ((s = orphan_adopt(h, cls))) {
+        if (slab_refill(s))
+            goto got;
+        put_exhausted(h, s);
+    }
+    s = gsi_slab_new(cls);
+    if (!s)
+        return NULL;
+    if (!gsi_slab_adopt(h, s))
+        GS_ASSERT(!"a new slab is ownerless");
+    gsi_slab_extend(s, EXTEND_BATCH);
+got:
+    s->where = GS_IN_ACTIVE;
+    h->active[cls] = s;
+    return s;
+}
+
+void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size)
+{
+    if (GS_UNLIKELY(h == &gsi_empty_heap)) {
+        /* First allocation of this thread (or of the process: the class
+           table may not have been ready when cls was computed). */
+        h = gsi_heap_get();
+        if (!h) {
+            errno = ENOMEM;
+            return NULL;
+        }
+        cls = gsi_size_class(size);
+    }
+    struct gs_slab *s = refill(h, cls);
+    if (GS_UNLIKELY(!s)) {
+        if (gsi_oom_reclaim())
+            s = refill(h, cls);
+        if (!s) {
+            errno = ENOMEM;
+            return NULL;
+        }
+    }
+    uint32_t idx = s->free_head;
+    s->free_head = gsi_link_load(s, idx);
+    gsi_link_store(s, idx, GS_LINK_ALLOCATED);
+    s->used++;
+    return s->start + (size_t)idx * s->obj_size;
+}
+
+/* ------------------------------------------------------------------ frees */
+
+void gsi_heap_free_local(struct gs_heap *h, struct gs_slab *s, uint32_t idx)
+{
+    uint16_t v = gsi_link_load(s, idx);
+    if (GS_UNLIKELY(v != GS_LINK_ALLOCATED))
+        gsi_bad_free("free", s->start + (size_t)idx * s->obj_size, v);
+    gsi_link_store(s, idx, (uint16_t)s->free_head);
+    s->free_head = idx;
+    if (--s->used == 0)
+        gsi_heap_slab_empty(h, s);
+}
+
+static bool has_pending(const struct gs_slab *s)
+{
+    for (int i = 0; i < GS_PENDING_CHAINS; i++)
+        if (GS_P_COUNT(atomic_load_explicit(&s->pending[i], memory_order_relaxed)))
+            return true;
+    return false;
+}
+
+void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
+{
+    /* Keep the active slab: a thread that allocates and frees one object
+       at a time must not map and unmap a slab per call. */
+    if (s->where == GS_IN_ACTIVE || has_pending(s))
+        return;
+    unlink_owned(h, s);
+    gsi_orphan_remove(s);
+    gsi_slab_retire(s);
+}
+
+void gsi_heap_take_adopted(struct gs_heap *h, struct gs_slab *s)
+{
+    gsi_orphan_remove(s);
+    gsi_slab_collect(s);
+    make_partial(h, s);
+}
+
+/* ------------------------------------------------------------ abandonment */
+
+static void abandon_slab(struct gs_heap *h, struct gs_slab *s)
+{
+    unlink_owned(h, s);
+    for (;;) {
+        gsi_slab_collect(s);
+        if (s->used == 0 && !has_pending(s)) {
+            gsi_orphan_remove(s);
+            gsi_slab_retire(s);
+            return;
+        }
+        if (gsi_slab_release(h, s))
+            break;
+    }
+    if (s->free_head != GS_LINK_END || s->bump < s->capacity || has_pending(s))
+        gsi_orphan_push(s);
+}
+
+static void heap_abandon(struct gs_heap *h)
+{
+    for (unsigned c = 0; c < GS_NCLASSES; c++) {
+        struct gs_slab *s;
+        if ((s = h->active[c]) != &gsi_empty_slab)
+            abandon_slab(h, s);
+        while ((s = h->partial[c].first))
+            abandon_slab(h, s);
+        while ((s = h->waiting[c].first))
+            abandon_slab(h, s);
+    }
+    if (h == gsi_tls_heap)
+        gsi_tls_heap = &gsi_empty_heap;
+    pthread_mutex_lock(&heap_lock);
+    h->live = false;
+    h->next_pool = heap_pool;
+    heap_pool = h;
+    pthread_mutex_unlock(&heap_lock);
+}
+
+/* ------------------------------------------------------------------- fork */
+
+static void atfork_prepare(void)
+{
+    pthread_mutex_lock(&heap_lock);
+    for (unsigned c = 0; c < GS_NCLASSES; c++)
+        pthread_mutex_lock(&orphans[c].lock);
+    gsi_segments_lock();
+    gsi_large_atfork_prepare();
+}
+
+static void atfork_parent(void)
+{
+    gsi_large_atfork_parent();
+    gsi_segments_unlock();
+    for (unsigned c = 0; c < GS_NCLASSES; c++)
+        pthread_mutex_unlock(&orphans[c].lock);
+    pthread_mutex_unlock(&heap_lock);
+}
+
+static void atfork_child(void)
+{
+    gsi_large_atfork_child();
+    gsi_segments_atfork_child();
+    for (unsigned c = 0; c < GS_NCLASSES; c++)
+        pthread_mutex_init(&orphans[c].lock, NULL);
+    pthread_mutex_init(&heap_lock, NULL);
+    /* The other threads are gone: their heaps have no thread any more.
+       Abandon them so their free objects can be adopted. */
+    struct gs_heap *me = gsi_tls_heap;
+    for (struct gs_heap *h = heap_all; h; h = h->next_all)
+        if (h->live && h != me)
+            heap_abandon(h);
+}

@@ -1,0 +1,375 @@
+/*
+ * graceslab allocator internals: every struct, with the owner and the
+ * readers of each field, and the prototypes shared between alloc/ files,
+ * grouped by the file that defines them.
+ *
+ * Data flow of a malloc: malloc.c (override layer) -> heap.c (thread heap,
+ * per-class active slab) -> slab.c (object lists inside a slab) ->
+ * segment.c (slabs carved from 4 MiB segments) -> os.c (mmap/madvise).
+ * Large blocks: malloc.c -> large.c -> os.c.
+ * A gs_free_rcu goes to the slab's pending chains (pending.c) and leaves
+ * through the heap's refill path (heap.c -> pending.c).
+ *
+ * Concurrency summary (details on each struct and in docs/design.md):
+ *   - A slab has at most one owner heap at a time. Only the owner touches
+ *     the owner fields (free list, used, bump, list links); ownership moves
+ *     by CAS on slab->xstate (release on give-up, acquire on take).
+ *   - Other threads free into an owned slab through the lock-free remote
+ *     chain in xstate; into an ownerless slab they adopt it (CAS) first.
+ *   - gs_free_rcu pushes onto one of four pending chains (lock-free, any
+ *     thread, owned or not); the chain word carries the grace-period cookie.
+ *   - Locks: segment_lock (segment.c) protects segments and their slot maps;
+ *     each class's orphan_lock protects the orphan list; large_lock (large.c)
+ *     the large-block cache; heap_lock (heap.c) the heap table and pool.
+ *     Lock order: heap_lock -> orphan_lock[c] -> segment_lock -> large_lock.
+ *     No lock is held across a call into rcu/ that may block.
+ */
+#ifndef GS_ALLOC_INTERNAL_H
+#define GS_ALLOC_INTERNAL_H
+
+#include "alloc/common.h"
+#include "include/graceslab.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* ---------------------------------------------------------------------
+ * Geometry
+ * --------------------------------------------------------------------- */
+#define GS_SEGMENT_SHIFT 22                       /* 4 MiB segments */
+#define GS_SEGMENT_SIZE  ((uintptr_t)1 << GS_SEGMENT_SHIFT)
+#define GS_SEGMENT_MASK  (GS_SEGMENT_SIZE - 1)
+#define GS_SLOT_SHIFT    16                       /* 64 KiB slots */
+#define GS_SLOT_SIZE     ((size_t)1 << GS_SLOT_SHIFT)
+#define GS_SLOTS         (GS_SEGMENT_SIZE / GS_SLOT_SIZE) /* 64; slot 0 = header */
+#define GS_PAGE          4096
+#define GS_ADDR_BITS     47                       /* x86_64 user space */
+
+/* Size classes: 16..128 by 16, then 8 classes per doubling up to 32 KiB.
+   Above GS_SMALL_MAX a request is a large block (large.c). */
+#define GS_SMALL_MAX     32768
+#define GS_NCLASSES      72
+
+/* ---------------------------------------------------------------------
+ * Per-object state, out of band: one 16-bit link per object in the array
+ * at the front of the slab (before the first object). Never inside the
+ * object, so pending objects stay untouched for readers.
+ *   GS_LINK_ALLOCATED      object handed out
+ *   0..GS_LINK_END         free, on the owner's local list (value = next)
+ *   GS_LINK_REMOTE | next  freed by another thread, on the remote chain
+ *   GS_LINK_PENDING | next gs_free_rcu'd, on a pending chain
+ *   GS_LINK_INVALID        sentinel after the last object (catches
+ *                          pointers into the slab's tail)
+ * --------------------------------------------------------------------- */
+#define GS_LINK_ALLOCATED 0xFFFFu
+#define GS_LINK_INVALID   0xFFFEu
+#define GS_LINK_END       0x0FFFu
+#define GS_LINK_INDEX     0x0FFFu
+#define GS_LINK_REMOTE    0x4000u
+#define GS_LINK_PENDING   0x8000u
+#define GS_MAX_OBJECTS    (GS_LINK_END - 1)
+
+/* ---------------------------------------------------------------------
+ * slab->xstate: owner id (bits 32..63, 0 = ownerless), remote chain head
+ * (bits 16..31), remote chain length (bits 0..15).
+ * --------------------------------------------------------------------- */
+#define GS_X_OWNER(x)  ((uint32_t)((x) >> 32))
+#define GS_X_HEAD(x)   ((uint32_t)((x) >> 16) & 0xFFFFu)
+#define GS_X_COUNT(x)  ((uint32_t)(x) & 0xFFFFu)
+#define GS_X_MAKE(owner, head, count)                                          \
+    (((uint64_t)(owner) << 32) | ((uint64_t)(head) << 16) | (uint64_t)(count))
+
+/* Pending chains: 4 per slab; a word is cookie (bits 24..63, grace-period
+   sequence value), head (bits 12..23), length (bits 0..11). */
+#define GS_PENDING_CHAINS 4
+#define GS_P_COOKIE(w) ((w) >> 24)
+#define GS_P_HEAD(w)   ((uint32_t)((w) >> 12) & 0xFFFu)
+#define GS_P_COUNT(w)  ((uint32_t)(w) & 0xFFFu)
+#define GS_P_MAKE(cookie, head, count)                                         \
+    (((uint64_t)(cookie) << 24) | ((uint64_t)(head) << 12) | (uint64_t)(count))
+
+struct gs_heap;
+struct gs_cache;
+
+enum gs_slab_kind {
+    GS_SLAB_UNUSED = 0,  /* slot is free in its segment */
+    GS_SLAB_SMALL,       /* formatted slab of a size class */
+};
+
+/*
+ * A slab: one size class, `span` slots of 64 KiB. The metadata lives in the
+ * segment header (out of band); the link array lives at the front of the
+ * slab's own memory.
+ *
+ * Invariant (owner's view, outside an operation):
+ *   capacity == used + |local list| + (capacity - bump)
+ *   used counts objects that are allocated, on the remote chain, or pending.
+ * A slab with an owner is that heap's active slab for its class, or on its
+ * partial list, or on its waiting list (pending objects only).
+ */
+struct gs_slab {
+    /* --- owner fields: read and written by the owner heap only (or by
+       the thread holding the segment lock while the slab is unused) --- */
+    uint16_t *link;          /* per-object links, capacity + 1 entries */
+    char *start;             /* first object */
+    uint32_t free_head;      /* local free list head, GS_LINK_END if empty */
+    uint32_t used;           /* see invariant above */
+    uint32_t obj_size;       /* bytes per object (class size) */
+    uint32_t capacity;       /* objects in the slab */
+    uint64_t magic;          /* index = (offset * magic) >> 40 */
+    uint32_t bump;           /* objects [bump, capacity) never linked yet */
+    uint8_t cls;             /* size class */
+    uint8_t span;            /* slots covered */
+    uint8_t kind;            /* enum gs_slab_kind (segment lock) */
+    uint8_t where;           /* enum gs_slab_where: which heap list */
+    struct gs_slab *next, *prev; /* heap partial/waiting list (owner) */
+    struct gs_slab *orphan_next, *orphan_prev; /* orphan list (orphan_lock) */
+    struct gs_cache *cache;  /* owning dedicated cache, NULL for malloc */
+    uint64_t wait_cookie;    /* waiting list: cookie it waits for */
+
+    /* --- shared fields --- */
+    /* Mirror of the owner for the free fast path: written by the thread that
+       takes or gives up ownership (relaxed; see slab.c), read by any thread
+       only to compare with its own heap, which cannot race: a slab stops
+       being "mine" only by my own write. */
+    _Atomic(struct gs_heap *) owner_heap;
+    /* Owner id, remote chain: see GS_X_*. CAS by remote freers, adopters,
+       and the owner. */
+    _Atomic uint64_t xstate;
+    /* Pending chains (pending.c). */
+    _Atomic uint64_t pending[GS_PENDING_CHAINS];
+    /* Set (under orphan_lock[cls]) while on the orphan list. */
+    bool orphaned;
+};
+
+enum gs_slab_where { GS_IN_NONE = 0, GS_IN_ACTIVE, GS_IN_PARTIAL, GS_IN_WAITING };
+
+/*
+ * A segment: 4 MiB aligned; slot 0 holds this header, slots 1..63 slabs.
+ * All fields but the per-slab shared fields are protected by segment_lock.
+ */
+struct gs_segment {
+    uint64_t magic;                      /* GS_SEGMENT_MAGIC */
+    struct gs_segment *next, *prev;      /* all segments (segment_lock) */
+    uint64_t free_slots;                 /* bit i: slot i unused */
+    uint64_t dirty_slots;                /* bit i: unused but committed */
+    uint64_t dirty_since[GS_SLOTS];      /* ns timestamp when it became unused */
+    struct gs_slab *slot_slab[GS_SLOTS]; /* slot -> slab metadata (first slot of a span) */
+    struct gs_slab slabs[GS_SLOTS];      /* metadata, indexed by first slot */
+};
+#define GS_SEGMENT_MAGIC 0x6772616365736c62ull /* "graceslb" */
+
+/* A large block: header at the start of its mapping (4 MiB aligned). */
+struct gs_large {
+    uint64_t magic;          /* GS_LARGE_MAGIC while live, 0 in the cache */
+    size_t map_len;          /* bytes mapped */
+    void *user;              /* pointer handed out */
+    size_t usable;           /* bytes usable at user */
+    _Atomic uint32_t state;  /* GS_LARGE_LIVE / _PENDING (gs_free_rcu) */
+    uint64_t cookie;         /* pending: grace period it waits for */
+    struct gs_large *next;   /* cache list / pending list */
+    uint64_t cached_at;      /* ns, in the cache */
+};
+#define GS_LARGE_MAGIC 0x6c617267652d6773ull
+#define GS_LARGE_LIVE 1u
+#define GS_LARGE_PENDING 2u
+
+struct gs_slab_list {
+    struct gs_slab *first, *last;
+    size_t count;
+};
+
+/*
+ * A thread heap. Owned by one thread; never freed (pooled on thread exit so
+ * ids stay unique among live heaps and late remote frees find memory).
+ * Everything here is owner-only unless marked.
+ */
+struct gs_heap {
+    struct gs_slab *active[GS_NCLASSES];       /* never NULL: empty sentinel */
+    uint32_t id;                               /* 1.. ; owner id in xstate */
+    bool live;                                 /* has a thread (heap_lock) */
+    struct gs_slab_list partial[GS_NCLASSES];  /* owned, with free objects */
+    struct gs_slab_list waiting[GS_NCLASSES];  /* owned, pending objects only */
+    struct gs_heap *next_all;                  /* all heaps (heap_lock) */
+    struct gs_heap *next_pool;                 /* free pool (heap_lock) */
+    /* Statistics: written by the owner (relaxed), read by gs_stats_get. */
+    _Atomic int64_t pending_objects[GS_NCLASSES];
+    _Atomic uint64_t reclaimed_objects;
+};
+
+/* ---------------------------------------------------------------------
+ * size_class.c
+ * --------------------------------------------------------------------- */
+struct gs_class_info {
+    uint32_t size;       /* object size */
+    uint32_t capacity;   /* objects per slab */
+    uint32_t link_bytes; /* bytes before the first object */
+    uint8_t span;        /* slots per slab */
+    uint64_t magic;      /* division magic */
+};
+extern struct gs_class_info gsi_classes[GS_NCLASSES];
+extern uint8_t gsi_class_of_small[(1024 >> 4) + 1]; /* (size+15)>>4 for size <= 1024 */
+void gsi_classes_init(void);
+unsigned gsi_class_slow(size_t size); /* any size <= GS_SMALL_MAX */
+/* Smallest class whose objects are all aligned to `align` and hold size;
+   -1 if none. */
+int gsi_class_aligned(size_t size, size_t align);
+
+GS_INLINE unsigned gsi_size_class(size_t size)
+{
+    if (GS_LIKELY(size <= 1024))
+        return gsi_class_of_small[(size + 15) >> 4];
+    return gsi_class_slow(size);
+}
+
+/* ---------------------------------------------------------------------
+ * os.c: mmap, madvise, the segment map, time.
+ * --------------------------------------------------------------------- */
+/* One byte per 4 MiB unit of address space: 0 foreign, GS_MAP_SMALL for a
+   segment, GS_MAP_LARGE + k for a large mapping whose start is k units back
+   (k capped at GS_MAP_FAR; beyond it, walk back). Written under the lock of
+   whoever maps the unit; read racily by free (a byte is atomic; a unit's
+   byte changes only while no live pointer into it exists). */
+extern _Atomic uint8_t gsi_segmap[(size_t)1 << (GS_ADDR_BITS - GS_SEGMENT_SHIFT)];
+#define GS_MAP_SMALL 1
+#define GS_MAP_LARGE 2
+#define GS_MAP_FAR   255
+
+GS_INLINE unsigned gsi_map_kind(uintptr_t a)
+{
+    if (GS_UNLIKELY(a >> GS_ADDR_BITS))
+        return 0;
+    return atomic_load_explicit(&gsi_segmap[a >> GS_SEGMENT_SHIFT], memory_order_relaxed);
+}
+
+void *gsi_os_map_aligned(size_t size, size_t align); /* NULL on failure */
+void gsi_os_unmap(void *p, size_t size);
+void gsi_os_decommit(void *p, size_t size);           /* MADV_DONTNEED */
+bool gsi_os_remap(void *old, size_t old_len, size_t new_len, void *fixed_new);
+void gsi_map_set(void *start, size_t len, unsigned kind_first);
+void gsi_map_clear(void *start, size_t len);
+uint64_t gsi_now_ns(void);
+extern _Atomic size_t gsi_os_mapped_bytes;
+
+/* ---------------------------------------------------------------------
+ * segment.c: slabs from segments; empty slabs back to the OS.
+ * --------------------------------------------------------------------- */
+/* A formatted slab of class cls, unowned, not on any list; NULL if the OS
+   refuses memory. */
+struct gs_slab *gsi_slab_new(unsigned cls);
+/* Returns an empty slab (used == 0, no pending) to its segment. */
+void gsi_slab_retire(struct gs_slab *s);
+/* Gives committed empty slabs older than the purge delay back to the OS
+   (force: all of them). Returns bytes decommitted. */
+size_t gsi_segments_purge(bool force);
+/* Calls fn(slab, arg) for every formatted slab, under segment_lock. */
+void gsi_segments_foreach(void (*fn)(struct gs_slab *, void *), void *arg);
+void gsi_segments_lock(void);
+void gsi_segments_unlock(void);
+void gsi_segments_atfork_child(void);
+size_t gsi_segments_count(void);
+size_t gsi_segments_committed(void);
+size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */
+
+GS_INLINE struct gs_slab *gsi_slab_of(const void *p)
+{
+    struct gs_segment *seg = (struct gs_segment *)((uintptr_t)p & ~GS_SEGMENT_MASK);
+    return seg->slot_slab[((uintptr_t)p >> GS_SLOT_SHIFT) & (GS_SLOTS - 1)];
+}
+
+/* ---------------------------------------------------------------------
+ * slab.c: objects in a slab; remote frees; ownership.
+ * --------------------------------------------------------------------- */
+/* Index of p in s, or -1 if p is not the start of an object of s. */
+GS_INLINE long gsi_slab_index(const struct gs_slab *s, const void *p)
+{
+    uintptr_t off = (uintptr_t)p - (uintptr_t)s->start;
+    uint32_t idx = (uint32_t)((off * s->magic) >> 40);
+    if (GS_UNLIKELY((uintptr_t)idx * s->obj_size != off))
+        return -1;
+    return idx;
+}
+GS_INLINE uint16_t gsi_link_load(const struct gs_slab *s, uint32_t idx)
+{
+    return __atomic_load_n(&s->link[idx], __ATOMIC_RELAXED);
+}
+GS_INLINE void gsi_link_store(struct gs_slab *s, uint32_t idx, uint16_t v)
+{
+    __atomic_store_n(&s->link[idx], v, __ATOMIC_RELAXED);
+}
+void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls);
+/* Owner: moves up to `want` never-used objects onto the local list. */
+uint32_t gsi_slab_extend(struct gs_slab *s, uint32_t want);
+/* Owner: moves the remote chain onto the local list; returns objects moved. */
+uint32_t gsi_slab_collect(struct gs_slab *s);
+/* Any thread but the owner: frees p (index idx) into s. Adopts s into heap
+   h if it is ownerless (then frees locally and returns true). */
+void gsi_slab_free_remote(struct gs_heap *h, struct gs_slab *s, uint32_t idx, const char *call);
+/* Owner: gives s up if it has no remote frees in flight; true if done. */
+bool gsi_slab_release(struct gs_heap *h, struct gs_slab *s);
+/* Takes an ownerless slab; true on success (acquire). */
+bool gsi_slab_adopt(struct gs_heap *h, struct gs_slab *s);
+/* Aborts with the right message for a link value that is not ALLOCATED. */
+_Noreturn void gsi_bad_free(const char *call, const void *p, uint16_t link);
+
+/* ---------------------------------------------------------------------
+ * heap.c: thread heaps, refill, abandonment, fork.
+ * --------------------------------------------------------------------- */
+extern __thread struct gs_heap *gsi_tls_heap;
+extern struct gs_heap gsi_empty_heap;
+extern struct gs_slab gsi_empty_slab;
+struct gs_heap *gsi_heap_get(void);   /* the calling thread's heap, created on demand (NULL on OOM) */
+/* Slow path of malloc for a small class: refills and allocates. */
+void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size);
+/* Owner frees into its own slab (fast path body, also used by slow paths). */
+void gsi_heap_free_local(struct gs_heap *h, struct gs_slab *s, uint32_t idx);
+/* The owner's slab just became empty (used == 0). */
+void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s);
+/* A slab just adopted by h through a free: put it on h's lists. */
+void gsi_heap_take_adopted(struct gs_heap *h, struct gs_slab *s);
+/* Orphan lists: ownerless slabs that still hold free or pending objects. */
+void gsi_orphan_push(struct gs_slab *s);
+void gsi_orphan_remove(struct gs_slab *s);
+void gsi_heaps_foreach(void (*fn)(struct gs_heap *, void *), void *arg);
+void gsi_heap_init_once(void);
+void gsi_heap_list_remove(struct gs_slab_list *l, struct gs_slab *s);
+void gsi_heap_list_push(struct gs_slab_list *l, struct gs_slab *s);
+
+/* ---------------------------------------------------------------------
+ * large.c: blocks above GS_SMALL_MAX, or aligned beyond what classes give.
+ * --------------------------------------------------------------------- */
+void *gsi_large_alloc(size_t size, size_t align, bool zero);
+void gsi_large_free(struct gs_large *b, const char *call);
+void *gsi_large_realloc(struct gs_large *b, size_t size);
+/* The header of the large block containing p, or NULL if p is not inside
+   a live large block. */
+struct gs_large *gsi_large_of(const void *p);
+size_t gsi_large_cached_bytes(void);
+/* Unmaps cached blocks older than a second, or all (force); returns bytes. */
+size_t gsi_large_trim(bool force);
+void gsi_large_atfork_prepare(void);
+void gsi_large_atfork_parent(void);
+void gsi_large_atfork_child(void);
+
+/* ---------------------------------------------------------------------
+ * malloc.c: entry points; shared helpers.
+ * --------------------------------------------------------------------- */
+void *gsi_malloc_aligned(size_t size, size_t align, const char *call);
+/* The OS refused memory: reclaim what can be reclaimed, say whether a retry
+   is worth it (pending.c). */
+bool gsi_oom_reclaim(void);
+
+/* ---------------------------------------------------------------------
+ * reclaim.c: memory pressure.
+ * --------------------------------------------------------------------- */
+/* Gives back every cached empty slab and large block; true if anything
+   was freed (defined here, declared above for the heap and large paths). */
+
+/* ---------------------------------------------------------------------
+ * stats.c
+ * --------------------------------------------------------------------- */
+void gsi_stats_init(void);
+extern _Atomic size_t gsi_large_live_bytes;
+
+#endif /* GS_ALLOC_INTERNAL_H */

@@ -1,0 +1,257 @@
+/*
+ * Large blocks: requests above GS_SMALL_MAX (32 KiB), or with an alignment
+ * no size class gives. Each block is its own mapping, starting 4 MiB-aligned
+ * (so the segment map can find its header from any pointer into its first
+ * units) with the header at the start and the object after it.
+ *
+ * Freed blocks are kept committed in a small cache (GRACESLAB_LARGE_CACHE_MB,
+ * at most CACHE_ENTRIES blocks, each at most CACHE_MAX_AGE_NS old when it is
+ * looked at) and reused best-fit: repeated multi-megabyte allocations then
+ * cost no page faults. realloc of a large block moves pages with mremap
+ * instead of copying.
+ *
+ * Locking: large_lock protects the cache. Live blocks are only touched by
+ * the thread freeing or reallocating them.
+ */
+#include "alloc/internal.h"
+
+#include <errno.h>
+#include <string.h>
+
+#define HEADER_BYTES 64
+#define CACHE_ENTRIES 16
+#define CACHE_MAX_AGE_NS 1000000000ull
+
+static pthread_mutex_t large_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct gs_large *cache_first; /* most recently freed first */
+static size_t cache_bytes, cache_count;
+
+void gsi_large_atfork_prepare(void) { pthread_mutex_lock(&large_lock); }
+void gsi_large_atfork_parent(void) { pthread_mutex_unlock(&large_lock); }
+void gsi_large_atfork_child(void) { pthread_mutex_init(&large_lock, NULL); }
+
+size_t gsi_large_cached_bytes(void)
+{
+    return __atomic_load_n(&cache_bytes, __ATOMIC_RELAXED);
+}
+
+static size_t object_offset(size_t align)
+{
+    return align <= HEADER_BYTES ? HEADER_BYTES : align;
+}
+
+static void block_unmap(struct gs_large *b)
+{
+    size_t len = b->map_len;
+    gsi_map_clear(b, len);
+    gsi_os_unmap(b, len);
+}
+
+/* Takes a cached block that fits len bytes with the object at offset off,
+   without wasting more than a quarter. */
+static struct gs_large *cache_take(size_t len, size_t region_align)
+{
+    struct gs_large *best = NULL, **best_link = NULL;
+    if (!__atomic_load_n(&cache_count, __ATOMIC_RELAXED))
+        return NULL;
+    pthread_mutex_lock(&large_lock);
+    for (struct gs_large **l = &cache_first, *b; (b = *l); l = &b->next) {
+        if (b->map_len < len || b->map_len - len > len / 4)
+            continue;
+        if ((uintptr_t)b & (region_align - 1))
+            continue;
+        if (!best || b->map_len < best->map_len) {
+            best = b;
+            best_link = l;
+        }
+    }
+    if (best) {
+        *best_link = best->next;
+        cache_bytes -= best->map_len;
+        cache_count--;
+    }
+    pthread_mutex_unlock(&large_lock);
+    return best;
+}
+
+/* Unmaps cached blocks that are too old, or all of them (force). Returns
+   bytes given back. */
+static size_t cache_trim(bool force)
+{
+    struct gs_large *drop = NULL;
+    size_t freed = 0;
+    uint64_t now = gsi_now_ns();
+    pthread_mutex_lock(&large_lock);
+    for (struct gs_large **l = &cache_first, *b; (b = *l);) {
+        if (force || now - b->cached_at > CACHE_MAX_AGE_NS) {
+            *l = b->next;
+            cache_bytes -= b->map_len;
+            cache_count--;
+            b->next = drop;
+            drop = b;
+        } else {
+            l = &b->next;
+        }
+    }
+    pthread_mutex_unlock(&large_lock);
+    while (drop) {
+        struct gs_large *b = drop;
+        drop = b->next;
+        freed += b->map_len;
+        block_unmap(b);
+    }
+    return freed;
+}
+
+size_t gsi_large_trim(bool force)
+{
+    return cache_trim(force);
+}
+
+void *gsi_large_alloc(size_t size, size_t align, bool zero)
+{
+    if (align < 16)
+        align = 16;
+    size_t off = object_offset(align);
+    if (size > PTRDIFF_MAX - off - GS_PAGE)
+        goto fail;
+    size_t len = (off + size + GS_PAGE - 1) & ~(size_t)(GS_PAGE - 1);
+    size_t region_align = align > GS_SEGMENT_SIZE ? align : GS_SEGMENT_SIZE;
+    struct gs_large *b = cache_take(len, region_align);
+    bool fresh = !b;
+    if (fresh) {
+        cache_trim(false);
+        b = gsi_os_map_aligned(len, region_align);
+        if (!b && gsi_oom_reclaim())
+            b = gsi_os_map_aligned(len, region_align);
+        if (!b)
+            goto fail;
+        b->map_len = len;
+        gsi_map_set(b, len, GS_MAP_LARGE);
+    }
+    b->user = (char *)b + off;
+    b->usable = b->map_len - off;
+    b->next = NULL;
+    b->cookie = 0;
+    atomic_store_explicit(&b->state, GS_LARGE_LIVE, memory_order_relaxed);
+    b->magic = GS_LARGE_MAGIC;
+    atomic_fetch_add_explicit(&gsi_large_live_bytes, b->usable, memory_order_relaxed);
+    if (zero && !fresh)
+        memset(b->user, 0, size);
+    return b->user;
+fail:
+    errno = ENOMEM;
+    return NULL;
+}
+
+struct gs_large *gsi_large_of(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    unsigned k = gsi_map_kind(a);
+    if (k < GS_MAP_LARGE)
+        return NULL;
+    uintptr_t unit = a >> GS_SEGMENT_SHIFT;
+    while (k == GS_MAP_FAR) {
+        /* Far inside a huge block: walk back to a unit that knows the
+           distance. Only reached by pointers that are not block starts. */
+        unit -= GS_MAP_FAR - GS_MAP_LARGE;
+        k = atomic_load_explicit(&gsi_segmap[unit], memory_order_relaxed);
+        if (k < GS_MAP_LARGE)
+            return NULL;
+    }
+    unit -= k - GS_MAP_LARGE;
+    struct gs_large *b = (struct gs_large *)(unit << GS_SEGMENT_SHIFT);
+    if (a < (uintptr_t)b || a >= (uintptr_t)b + b->map_len)
+        return NULL;
+    return b;
+}
+
+void gsi_large_free(struct gs_large *b, const char *call)
+{
+    if (b->magic != GS_LARGE_MAGIC)
+        gsi_fatal(call, "double free of", (char *)b + HEADER_BYTES);
+    b->magic = 0;
+    atomic_fetch_sub_explicit(&gsi_large_live_bytes, b->usable, memory_order_relaxed);
+    size_t limit = (size_t)gsi_option(GSI_OPT_LARGE_CACHE_MB) << 20;
+    if (b->map_len > limit / 2) {
+        block_unmap(b);
+        return;
+    }
+    b->cached_at = gsi_now_ns();
+    struct gs_large *drop = NULL;
+    pthread_mutex_lock(&large_lock);
+    b->next = cache_first;
+    cache_first = b;
+    cache_bytes += b->map_len;
+    cache_count++;
+    /* Over the bounds: drop the oldest (the tail). */
+    while (cache_bytes > limit || cache_count > CACHE_ENTRIES) {
+        struct gs_large **l = &cache_first;
+        while ((*l)->next)
+            l = &(*l)->next;
+        struct gs_large *old = *l;
+        *l = NULL;
+        cache_bytes -= old->map_len;
+        cache_count--;
+        old->next = drop;
+        drop = old;
+    }
+    pthread_mutex_unlock(&large_lock);
+    while (drop) {
+        struct gs_large *old = drop;
+        drop = old->next;
+        block_unmap(old);
+    }
+}
+
+void *gsi_large_realloc(struct gs_large *b, size_t size)
+{
+    size_t off = (size_t)((char *)b->user - (char *)b);
+    if (size > PTRDIFF_MAX - off - GS_PAGE) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    size_t len = (off + size + GS_PAGE - 1) & ~(size_t)(GS_PAGE - 1);
+    size_t old_len = b->map_len;
+    if (len == old_len)
+        return b->user;
+    if (len < old_len) {
+        /* Shrink in place; the tail goes back to the OS. */
+        if (gsi_os_remap(b, old_len, len, NULL)) {
+            gsi_map_clear((char *)b + len, old_len - len);
+            gsi_map_set(b, len, GS_MAP_LARGE);
+            b->map_len = len;
+            b->usable = len - off;
+        }
+        return b->user;
+    }
+    /* Grow in place if the pages after the block are free. */
+    if (gsi_os_remap(b, old_len, len, NULL)) {
+        gsi_map_set(b, len, GS_MAP_LARGE);
+        b->map_len = len;
+        b->usable = len - off;
+        return b->user;
+    }
+    /* Move the pages (no copy) to a new aligned reservation. */
+    size_t region_align = off > GS_SEGMENT_SIZE ? off : GS_SEGMENT_SIZE;
+    void *dst = gsi_os_map_aligned(len, region_align);
+    if (!dst) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    gsi_map_clear(b, old_len);
+    if (!gsi_os_remap(b, old_len, len, dst)) {
+        gsi_map_set(b, old_len, GS_MAP_LARGE);
+        gsi_os_unmap(dst, len);
+        errno = ENOMEM;
+        return NULL;
+    }
+    /* mremap unmapped dst's old pages; account for that reservation. */
+    atomic_fetch_sub_explicit(&gsi_os_mapped_bytes, len, memory_order_relaxed);
+    b = dst;
+    gsi_map_set(b, len, GS_MAP_LARGE);
+    b->map_len = len;
+    b->user = (char *)b + off;
+    b->usable = len - off;
+    return b->user;
+}

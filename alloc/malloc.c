@@ -1,0 +1,315 @@
+/*
+ * The override layer: where every malloc-family call enters graceslab.
+ *
+ * Fast paths (budget: about 12 instructions for malloc, 20 for free, one
+ * unlikely test each before the work, everything else in noinline slow
+ * functions):
+ *   malloc: size -> class (table), the thread's active slab, pop the local
+ *           free list (out-of-band links), mark ALLOCATED.
+ *   free:   segment map byte -> slab metadata (mask + load) -> owner check ->
+ *           index by multiplication -> link must be ALLOCATED -> push.
+ * Anything else — first call of a thread, empty slab, large block, another
+ * thread's slab, a bad pointer — goes to a slow path.
+ *
+ * The exported names (malloc, free, ... and glibc's __libc_* aliases) are
+ * aliases of the gs_ functions, so LD_PRELOAD and static linking both
+ * replace the system allocator without an extra call.
+ */
+#include "alloc/internal.h"
+
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#define GS_ALIAS(name) __attribute__((alias(#name), visibility("default")))
+
+/* ------------------------------------------------------------ fast paths */
+
+GS_INLINE void *alloc_class(struct gs_heap *h, unsigned cls, size_t size)
+{
+    struct gs_slab *s = h->active[cls];
+    uint32_t idx = s->free_head;
+    if (GS_UNLIKELY(idx == GS_LINK_END))
+        return gsi_heap_alloc_slow(h, cls, size);
+    s->free_head = gsi_link_load(s, idx);
+    gsi_link_store(s, idx, GS_LINK_ALLOCATED);
+    s->used++;
+    return s->start + (size_t)idx * s->obj_size;
+}
+
+static GS_NOINLINE void *malloc_large(size_t size)
+{
+    if (size > PTRDIFF_MAX) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (size <= GS_SMALL_MAX)
+        return alloc_class(gsi_tls_heap, gsi_size_class(size), size);
+    return gsi_large_alloc(size, 16, false);
+}
+
+GS_EXPORT void *gs_malloc(size_t size)
+{
+    if (GS_LIKELY(size <= 1024))
+        return alloc_class(gsi_tls_heap, gsi_class_of_small[(size + 15) >> 4], size);
+    return malloc_large(size);
+}
+
+static GS_NOINLINE void free_slow(void *p, const char *call);
+
+GS_EXPORT void gs_free(void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    if (GS_LIKELY(gsi_map_kind(a) == GS_MAP_SMALL)) {
+        struct gs_slab *s = gsi_slab_of(p);
+        struct gs_heap *h = gsi_tls_heap;
+        if (GS_LIKELY(atomic_load_explicit(&s->owner_heap, memory_order_relaxed) == h)) {
+            long idx = gsi_slab_index(s, p);
+            if (GS_LIKELY(idx >= 0 && gsi_link_load(s, (uint32_t)idx) == GS_LINK_ALLOCATED)) {
+                gsi_link_store(s, (uint32_t)idx, (uint16_t)s->free_head);
+                s->free_head = (uint32_t)idx;
+                if (GS_LIKELY(--s->used != 0))
+                    return;
+                gsi_heap_slab_empty(h, s);
+                return;
+            }
+        }
+    }
+    free_slow(p, "free");
+}
+
+/* ------------------------------------------------------------ slow paths */
+
+/* The slab and index of a small block, or aborts naming call. */
+static struct gs_slab *small_block(const void *p, uint32_t *idx, const char *call)
+{
+    struct gs_slab *s = gsi_slab_of(p);
+    if (GS_UNLIKELY(s->kind != GS_SLAB_SMALL))
+        gsi_fatal(call, "invalid pointer (not allocated by graceslab, or already freed)", p);
+    long i = gsi_slab_index(s, p);
+    if (GS_UNLIKELY(i < 0))
+        gsi_fatal(call, "invalid pointer (not a block start)", p);
+    *idx = (uint32_t)i;
+    return s;
+}
+
+static struct gs_large *large_block(const void *p, const char *call)
+{
+    struct gs_large *b = gsi_large_of(p);
+    if (GS_UNLIKELY(!b || b->user != p))
+        gsi_fatal(call, "invalid pointer (not a block start)", p);
+    return b;
+}
+
+static GS_NOINLINE void free_slow(void *p, const char *call)
+{
+    if (!p)
+        return;
+    int saved = errno;
+    unsigned kind = gsi_map_kind((uintptr_t)p);
+    if (kind == GS_MAP_SMALL) {
+        uint32_t idx;
+        struct gs_slab *s = small_block(p, &idx, call);
+        struct gs_heap *h = gsi_tls_heap;
+        if (atomic_load_explicit(&s->owner_heap, memory_order_relaxed) == h) {
+            gsi_heap_free_local(h, s, idx);
+        } else {
+            /* A heap is needed only to adopt an ownerless slab; if even
+               that fails (no memory for a heap) the free goes through the
+               remote chain. */
+            if (h == &gsi_empty_heap)
+                h = gsi_heap_get();
+            gsi_slab_free_remote(h, s, idx, call);
+        }
+    } else if (kind >= GS_MAP_LARGE) {
+        gsi_large_free(large_block(p, call), call);
+    } else {
+        gsi_fatal(call, "invalid pointer (not allocated by graceslab)", p);
+    }
+    errno = saved;
+}
+
+GS_EXPORT size_t gs_usable_size(const void *p)
+{
+    if (!p)
+        return 0;
+    unsigned kind = gsi_map_kind((uintptr_t)p);
+    if (kind == GS_MAP_SMALL) {
+        uint32_t idx;
+        struct gs_slab *s = small_block(p, &idx, "malloc_usable_size");
+        return s->obj_size;
+    }
+    if (kind >= GS_MAP_LARGE)
+        return large_block(p, "malloc_usable_size")->usable;
+    gsi_fatal("malloc_usable_size", "invalid pointer (not allocated by graceslab)", p);
+}
+
+GS_EXPORT void *gs_calloc(size_t n, size_t size)
+{
+    size_t bytes;
+    if (GS_UNLIKELY(__builtin_mul_overflow(n, size, &bytes) || bytes > PTRDIFF_MAX)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (bytes > GS_SMALL_MAX)
+        return gsi_large_alloc(bytes, 16, true);
+    void *p = gs_malloc(bytes);
+    if (GS_LIKELY(p))
+        memset(p, 0, bytes);
+    return p;
+}
+
+void *gsi_malloc_aligned(size_t size, size_t align, const char *call)
+{
+    (void)call;
+    if (size > PTRDIFF_MAX) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (align <= 16)
+        return gs_malloc(size);
+    int cls = gsi_class_aligned(size, align);
+    if (cls >= 0) {
+        /* The class table is needed: make sure the heap (and with it the
+           tables) exists before trusting cls. */
+        struct gs_heap *h = gsi_heap_get();
+        if (!h) {
+            errno = ENOMEM;
+            return NULL;
+        }
+        cls = gsi_class_aligned(size, align);
+        return alloc_class(h, (unsigned)cls, size);
+    }
+    return gsi_large_alloc(size, align, false);
+}
+
+GS_EXPORT void *gs_aligned_alloc(size_t alignment, size_t size)
+{
+    if (alignment == 0 || (alignment & (alignment - 1))) {
+        errno = EINVAL;
+        return NULL;
+    }
+    return gsi_malloc_aligned(size, alignment, "aligned_alloc");
+}
+
+GS_EXPORT void *gs_realloc(void *p, size_t size)
+{
+    if (!p)
+        return gs_malloc(size);
+    if (size == 0) {
+        free_slow(p, "realloc");
+        return NULL;
+    }
+    size_t usable;
+    unsigned kind = gsi_map_kind((uintptr_t)p);
+    if (kind == GS_MAP_SMALL) {
+        uint32_t idx;
+        struct gs_slab *s = small_block(p, &idx, "realloc");
+        uint16_t v = gsi_link_load(s, idx);
+        if (v != GS_LINK_ALLOCATED)
+            gsi_bad_free("realloc", p, v);
+        usable = s->obj_size;
+        /* Stay in place when it fits and does not waste more than half. */
+        if (size <= usable && (size >= usable / 2 || usable <= 64))
+            return p;
+    } else if (kind >= GS_MAP_LARGE) {
+        struct gs_large *b = large_block(p, "realloc");
+        if (b->magic != GS_LARGE_MAGIC)
+            gsi_fatal("realloc", "realloc of a freed pointer", p);
+        usable = b->usable;
+        if (size <= usable && size >= usable / 2)
+            return p;
+        if (size > GS_SMALL_MAX && atomic_load_explicit(&b->state, memory_order_relaxed) ==
+                                       GS_LARGE_LIVE)
+            return gsi_large_realloc(b, size);
+    } else {
+        gsi_fatal("realloc", "invalid pointer (not allocated by graceslab)", p);
+    }
+    void *q = gs_malloc(size);
+    if (!q)
+        return NULL; /* p stays valid; errno is ENOMEM */
+    memcpy(q, p, size < usable ? size : usable);
+    free_slow(p, "realloc");
+    return q;
+}
+
+/* ----------------------------------------------------- glibc-compatible API */
+
+GS_EXPORT void *malloc(size_t size) GS_ALIAS(gs_malloc);
+GS_EXPORT void free(void *p) GS_ALIAS(gs_free);
+GS_EXPORT void *calloc(size_t n, size_t size) GS_ALIAS(gs_calloc);
+GS_EXPORT void *realloc(void *p, size_t size) GS_ALIAS(gs_realloc);
+GS_EXPORT void *aligned_alloc(size_t alignment, size_t size) GS_ALIAS(gs_aligned_alloc);
+GS_EXPORT size_t malloc_usable_size(void *p) GS_ALIAS(gs_usable_size);
+GS_EXPORT void *__libc_malloc(size_t size) GS_ALIAS(gs_malloc);
+GS_EXPORT void __libc_free(void *p) GS_ALIAS(gs_free);
+GS_EXPORT void *__libc_calloc(size_t n, size_t size) GS_ALIAS(gs_calloc);
+GS_EXPORT void *__libc_realloc(void *p, size_t size) GS_ALIAS(gs_realloc);
+GS_EXPORT void cfree(void *p) GS_ALIAS(gs_free);
+
+GS_EXPORT void *reallocarray(void *p, size_t n, size_t size)
+{
+    size_t bytes;
+    if (__builtin_mul_overflow(n, size, &bytes)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return gs_realloc(p, bytes);
+}
+
+GS_EXPORT int posix_memalign(void **out, size_t alignment, size_t size)
+{
+    if (alignment < sizeof(void *) || (alignment & (alignment - 1)))
+        return EINVAL;
+    int saved = errno;
+    void *p = gsi_malloc_aligned(size, alignment, "posix_memalign");
+    if (!p) {
+        errno = saved;
+        return ENOMEM;
+    }
+    *out = p;
+    return 0;
+}
+
+GS_EXPORT void *memalign(size_t alignment, size_t size)
+{
+    /* glibc: a non-power-of-two alignment is rounded up to one. */
+    if (alignment > ((size_t)1 << 62)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (alignment & (alignment - 1))
+        alignment = (size_t)1 << (64 - __builtin_clzl(alignment));
+    return gsi_malloc_aligned(size, alignment ? alignment : 1, "memalign");
+}
+GS_EXPORT void *__libc_memalign(size_t alignment, size_t size) GS_ALIAS(memalign);
+
+GS_EXPORT void *valloc(size_t size)
+{
+    return gsi_malloc_aligned(size, (size_t)sysconf(_SC_PAGESIZE), "valloc");
+}
+
+GS_EXPORT void *pvalloc(size_t size)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (size > PTRDIFF_MAX - page) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    size = size ? (size + page - 1) & ~(page - 1) : page;
+    return gsi_malloc_aligned(size, page, "pvalloc");
+}
+
+/* C23: the size is a hint glibc may check; graceslab knows the size anyway. */
+GS_EXPORT void free_sized(void *p, size_t size)
+{
+    (void)size;
+    gs_free(p);
+}
+
+GS_EXPORT void free_aligned_sized(void *p, size_t alignment, size_t size)
+{
+    (void)alignment;
+    (void)size;
+    gs_free(p);
+}

@@ -1,0 +1,120 @@
+/*
+ * The OS layer: aligned mappings, decommit, the segment map, the clock.
+ * Every byte graceslab takes from the OS comes through here, so this is
+ * also where fault injection (GRACESLAB_OS_FAIL_AFTER_MB) refuses memory.
+ */
+#include "alloc/internal.h"
+
+#include <errno.h>
+#include <sys/mman.h>
+#include <time.h>
+
+/* Zero-initialised, so foreign pointers are recognised even before the
+   allocator initialises. Virtual only: pages are touched where segments
+   live. */
+_Atomic uint8_t gsi_segmap[(size_t)1 << (GS_ADDR_BITS - GS_SEGMENT_SHIFT)];
+
+/* Bytes currently mapped (statistics and fault injection). */
+_Atomic size_t gsi_os_mapped_bytes;
+
+static bool injected_failure(size_t size)
+{
+    long limit_mb = gsi_option(GSI_OPT_OS_FAIL_AFTER_MB);
+    if (GS_LIKELY(limit_mb <= 0))
+        return false;
+    return atomic_load_explicit(&gsi_os_mapped_bytes, memory_order_relaxed) + size >
+           (size_t)limit_mb << 20;
+}
+
+void *gsi_os_map_aligned(size_t size, size_t align)
+{
+    int saved = errno;
+    if (injected_failure(size))
+        return NULL;
+    if (align < GS_PAGE)
+        align = GS_PAGE;
+    size_t reserve = size + align - GS_PAGE;
+    if (reserve < size)
+        return NULL;
+    char *raw = mmap(NULL, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) {
+        errno = saved;
+        return NULL;
+    }
+    uintptr_t start = ((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1);
+    size_t head = start - (uintptr_t)raw;
+    size_t tail = reserve - head - size;
+    if (head)
+        munmap(raw, head);
+    if (tail)
+        munmap((char *)start + size, tail);
+    atomic_fetch_add_explicit(&gsi_os_mapped_bytes, size, memory_order_relaxed);
+    return (void *)start;
+}
+
+void gsi_os_unmap(void *p, size_t size)
+{
+    int saved = errno;
+    munmap(p, size);
+    atomic_fetch_sub_explicit(&gsi_os_mapped_bytes, size, memory_order_relaxed);
+    errno = saved;
+}
+
+void gsi_os_decommit(void *p, size_t size)
+{
+    int saved = errno;
+    madvise(p, size, MADV_DONTNEED);
+    errno = saved;
+}
+
+bool gsi_os_remap(void *old, size_t old_len, size_t new_len, void *fixed_new)
+{
+    int saved = errno;
+    if (new_len > old_len && injected_failure(new_len - old_len))
+        return false;
+    void *r = fixed_new ? mremap(old, old_len, new_len, MREMAP_MAYMOVE | MREMAP_FIXED, fixed_new)
+                        : mremap(old, old_len, new_len, 0);
+    errno = saved;
+    if (r == MAP_FAILED)
+        return false;
+    if (new_len > old_len)
+        atomic_fetch_add_explicit(&gsi_os_mapped_bytes, new_len - old_len, memory_order_relaxed);
+    else
+        atomic_fetch_sub_explicit(&gsi_os_mapped_bytes, old_len - new_len, memory_order_relaxed);
+    return true;
+}
+
+/* Marks the 4 MiB units covered by [start, start+len). For large mappings
+   each unit records its distance to the first (capped at GS_MAP_FAR), so
+   gsi_large_of() finds the header in O(1) for any pointer near the start.
+   Relaxed stores: a unit is marked before any pointer into it is handed
+   out (publication of the pointer orders it) and cleared only after the
+   last one is gone. */
+void gsi_map_set(void *start, size_t len, unsigned kind_first)
+{
+    uintptr_t first = (uintptr_t)start >> GS_SEGMENT_SHIFT;
+    uintptr_t last = ((uintptr_t)start + len - 1) >> GS_SEGMENT_SHIFT;
+    for (uintptr_t u = first; u <= last; u++) {
+        unsigned v = kind_first;
+        if (kind_first == GS_MAP_LARGE) {
+            uintptr_t d = u - first;
+            v = d >= GS_MAP_FAR - GS_MAP_LARGE ? GS_MAP_FAR : GS_MAP_LARGE + (unsigned)d;
+        }
+        atomic_store_explicit(&gsi_segmap[u], (uint8_t)v, memory_order_relaxed);
+    }
+}
+
+void gsi_map_clear(void *start, size_t len)
+{
+    uintptr_t first = (uintptr_t)start >> GS_SEGMENT_SHIFT;
+    uintptr_t last = ((uintptr_t)start + len - 1) >> GS_SEGMENT_SHIFT;
+    for (uintptr_t u = first; u <= last; u++)
+        atomic_store_explicit(&gsi_segmap[u], 0, memory_order_relaxed);
+}
+
+uint64_t gsi_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}

@@ -1,0 +1,96 @@
+/*
+ * Size classes: 16..128 bytes in steps of 16, then eight classes per
+ * doubling (steps of 1/8) up to 32 KiB. Internal waste is below 16 bytes
+ * (alignment) up to 128 B and below 1/9 (11.1%) above it.
+ *
+ * A slab of class c spans enough 64 KiB slots to hold at least 8 objects.
+ * Its first bytes hold the link array (2 bytes per object, plus one
+ * sentinel); objects start at the next multiple of their natural alignment
+ * (the largest power of two dividing the size, at most a page), so a class
+ * whose size is a multiple of A hands out A-aligned objects: aligned_alloc
+ * up to a page is served by ordinary slabs.
+ */
+#include "alloc/internal.h"
+
+struct gs_class_info gsi_classes[GS_NCLASSES];
+uint8_t gsi_class_of_small[(1024 >> 4) + 1];
+
+static size_t natural_align(size_t size)
+{
+    size_t a = size & -size;
+    return a > GS_PAGE ? GS_PAGE : a;
+}
+
+static size_t round_up(size_t v, size_t a)
+{
+    return (v + a - 1) & ~(a - 1);
+}
+
+/* Division by multiplication: for offsets below 2^24 and sizes below 2^16,
+   (off * ceil(2^40 / size)) >> 40 == off / size, because the error term
+   off * (magic * size - 2^40) / 2^40 stays below off / 2^24 / ... < 1/size. */
+static uint64_t division_magic(uint32_t size)
+{
+    return (((uint64_t)1 << 40) + size - 1) / size;
+}
+
+static void class_layout(struct gs_class_info *ci, uint32_t size)
+{
+    size_t align = natural_align(size);
+    unsigned span = 1;
+    while (span * GS_SLOT_SIZE < 8 * (size_t)size + GS_PAGE)
+        span++;
+    size_t bytes = span * GS_SLOT_SIZE;
+    size_t n = bytes / size;
+    if (n > GS_MAX_OBJECTS)
+        n = GS_MAX_OBJECTS;
+    while (n && round_up(2 * (n + 1), align) + n * size > bytes)
+        n--;
+    ci->size = size;
+    ci->capacity = (uint32_t)n;
+    ci->link_bytes = (uint32_t)round_up(2 * (n + 1), align);
+    ci->span = (uint8_t)span;
+    ci->magic = division_magic(size);
+}
+
+void gsi_classes_init(void)
+{
+    unsigned c = 0;
+    for (uint32_t s = 16; s <= 128; s += 16)
+        class_layout(&gsi_classes[c++], s);
+    for (uint32_t base = 128; base < GS_SMALL_MAX; base *= 2)
+        for (uint32_t k = 1; k <= 8; k++)
+            class_layout(&gsi_classes[c++], base + k * (base / 8));
+    GS_ASSERT(c == GS_NCLASSES);
+    GS_ASSERT(gsi_classes[GS_NCLASSES - 1].size == GS_SMALL_MAX);
+    unsigned k = 0;
+    for (unsigned i = 0; i <= (1024 >> 4); i++) {
+        size_t size = i << 4;
+        while (gsi_classes[k].size < size)
+            k++;
+        gsi_class_of_small[i] = (uint8_t)k;
+    }
+}
+
+unsigned gsi_class_slow(size_t size)
+{
+    if (size <= 1024)
+        return gsi_class_of_small[(size + 15) >> 4];
+    /* size in (base, 2*base]: class index from the top bit and the next
+       three bits, rounding up. */
+    size_t v = size - 1;
+    unsigned top = 63 - (unsigned)__builtin_clzl(v);      /* 2^top <= v */
+    unsigned sub = (unsigned)(v >> (top - 3)) & 7;        /* eighths above 2^top */
+    /* Classes for (2^top, 2^(top+1)] start at 8 + 8 * (top - 7). */
+    return 8 + 8 * (top - 7) + sub;
+}
+
+int gsi_class_aligned(size_t size, size_t align)
+{
+    if (size > GS_SMALL_MAX || align > GS_PAGE)
+        return -1;
+    for (unsigned c = gsi_size_class(size < align ? align : size); c < GS_NCLASSES; c++)
+        if (natural_align(gsi_classes[c].size) >= align)
+            return (int)c;
+    return -1;
+}

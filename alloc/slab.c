@@ -1,0 +1,187 @@
+/*
+ * Objects inside a slab, and who owns the slab.
+ *
+ * Every object has a 16-bit link in the array at the front of the slab
+ * (out of band: never inside the object). The owner heap keeps a LIFO local
+ * free list through the links; other threads free through the remote chain
+ * (head and length in slab->xstate, lock-free push); gs_free_rcu() uses the
+ * pending chains (pending.c). The link value says which state an object is
+ * in (GS_LINK_* in internal.h), so a double free, a free after
+ * gs_free_rcu() and an interior pointer are all caught exactly.
+ *
+ * Object states and who moves them:
+ *   allocated --free by owner--------------------> local free   (owner, plain)
+ *   allocated --free by other thread-------------> remote chain (CAS xstate)
+ *   remote chain --collect by owner--------------> local free   (CAS xstate)
+ *   allocated --gs_free_rcu, any thread----------> pending(cookie) (CAS chain)
+ *   pending --grace period done, reclaim---------> local free or remote chain
+ *   local free --malloc by owner-----------------> allocated    (owner, plain)
+ *
+ * Ownership: xstate's owner id changes only by CAS. Giving a slab up
+ * (release) is a CAS with release ordering that succeeds only when the
+ * remote chain is empty; taking it (adopt) is a CAS with acquire ordering,
+ * so the adopter sees every owner-field write of the previous owner. The
+ * link array is accessed with relaxed atomics: the owner's accesses are
+ * plain loads and stores in the generated code, and remote writers publish
+ * their link writes with the release CAS on xstate that the owner's
+ * collecting CAS acquires.
+ */
+#include "alloc/internal.h"
+
+void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
+{
+    const struct gs_class_info *ci = &gsi_classes[cls];
+    s->link = (uint16_t *)base;
+    s->start = base + ci->link_bytes;
+    s->free_head = GS_LINK_END;
+    s->used = 0;
+    s->obj_size = ci->size;
+    s->capacity = ci->capacity;
+    s->magic = ci->magic;
+    s->bump = 0;
+    s->cls = (uint8_t)cls;
+    s->span = ci->span;
+    s->where = GS_IN_NONE;
+    s->next = s->prev = NULL;
+    s->orphan_next = s->orphan_prev = NULL;
+    s->cache = NULL;
+    s->wait_cookie = 0;
+    s->orphaned = false;
+    /* The sentinel after the last object: a pointer into the slab's tail
+       computes index == capacity and finds a link that is never ALLOCATED. */
+    gsi_link_store(s, ci->capacity, GS_LINK_INVALID);
+    atomic_store_explicit(&s->owner_heap, NULL, memory_order_relaxed);
+    atomic_store_explicit(&s->xstate, GS_X_MAKE(0, GS_LINK_END, 0), memory_order_relaxed);
+    for (int i = 0; i < GS_PENDING_CHAINS; i++)
+        atomic_store_explicit(&s->pending[i], GS_P_MAKE(0, GS_LINK_END & 0xFFF, 0),
+                              memory_order_relaxed);
+}
+
+uint32_t gsi_slab_extend(struct gs_slab *s, uint32_t want)
+{
+    uint32_t n = s->capacity - s->bump;
+    if (n > want)
+        n = want;
+    if (!n)
+        return 0;
+    uint32_t first = s->bump, last = first + n - 1;
+    for (uint32_t i = first; i < last; i++)
+        gsi_link_store(s, i, (uint16_t)(i + 1));
+    gsi_link_store(s, last, (uint16_t)s->free_head);
+    s->free_head = first;
+    s->bump += n;
+    return n;
+}
+
+uint32_t gsi_slab_collect(struct gs_slab *s)
+{
+    uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
+    if (GS_X_COUNT(x) == 0)
+        return 0;
+    /* Take the whole chain, keep the owner. Acquire pairs with the release
+       CAS of each remote freer in gsi_slab_free_remote(): the links of the
+       chain were written before it. */
+    while (!atomic_compare_exchange_weak_explicit(
+        &s->xstate, &x, GS_X_MAKE(GS_X_OWNER(x), GS_LINK_END, 0), memory_order_acquire,
+        memory_order_relaxed)) {
+    }
+    uint32_t n = GS_X_COUNT(x), head = GS_X_HEAD(x), i = head;
+    for (uint32_t k = 1; k < n; k++) {
+        uint16_t v = gsi_link_load(s, i);
+        GS_ASSERT_EXPENSIVE((v & ~GS_LINK_INDEX) == GS_LINK_REMOTE);
+        gsi_link_store(s, i, v & GS_LINK_INDEX);
+        i = v & GS_LINK_INDEX;
+    }
+    GS_ASSERT_EXPENSIVE((gsi_link_load(s, i) & ~GS_LINK_INDEX) == GS_LINK_REMOTE);
+    gsi_link_store(s, i, (uint16_t)s->free_head);
+    s->free_head = head;
+    GS_ASSERT(s->used >= n);
+    s->used -= n;
+    return n;
+}
+
+_Noreturn void gsi_bad_free(const char *call, const void *p, uint16_t link)
+{
+    if (link == GS_LINK_INVALID)
+        gsi_fatal(call, "invalid pointer (not a block start)", p);
+    if ((link & GS_LINK_PENDING) && link != GS_LINK_ALLOCATED)
+        gsi_fatal(call, "object already freed with gs_free_rcu(), pending a grace period:", p);
+    gsi_fatal(call, "double free of", p);
+}
+
+bool gsi_slab_adopt(struct gs_heap *h, struct gs_slab *s)
+{
+    uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
+    do {
+        if (GS_X_OWNER(x) != 0)
+            return false;
+        /* Acquire pairs with the release CAS in gsi_slab_release() (or the
+           segment lock that formatted the slab): the previous owner's list
+           and counters are visible. The remote chain stays in place for
+           gsi_slab_collect(). */
+    } while (!atomic_compare_exchange_weak_explicit(
+        &s->xstate, &x, GS_X_MAKE(h->id, GS_X_HEAD(x), GS_X_COUNT(x)), memory_order_acquire,
+        memory_order_relaxed));
+    /* Only compared against by the fast path of the thread owning h. */
+    atomic_store_explicit(&s->owner_heap, h, memory_order_relaxed);
+    return true;
+}
+
+bool gsi_slab_release(struct gs_heap *h, struct gs_slab *s)
+{
+    /* Clear the mirror first: once the CAS below succeeds, an adopter may
+       store its own heap there, and ours must not overwrite it. */
+    atomic_store_explicit(&s->owner_heap, NULL, memory_order_relaxed);
+    uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
+    GS_ASSERT(GS_X_OWNER(x) == h->id);
+    /* Release pairs with the acquire CAS of the next adopter. Fails when a
+       remote free got in: the caller collects and retries. */
+    if (GS_X_COUNT(x) == 0 &&
+        atomic_compare_exchange_strong_explicit(&s->xstate, &x, GS_X_MAKE(0, GS_LINK_END, 0),
+                                                memory_order_release, memory_order_relaxed))
+        return true;
+    atomic_store_explicit(&s->owner_heap, h, memory_order_relaxed);
+    return false;
+}
+
+void gsi_slab_free_remote(struct gs_heap *h, struct gs_slab *s, uint32_t idx, const char *call)
+{
+    const void *p = s->start + (size_t)idx * s->obj_size;
+    uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
+    bool marked = false;
+    for (;;) {
+        if (GS_X_OWNER(x) == 0 && h) {
+            /* Ownerless (full and released, or orphaned): take it, then the
+               free is local. Acquire: as in gsi_slab_adopt(). */
+            if (!atomic_compare_exchange_weak_explicit(
+                    &s->xstate, &x, GS_X_MAKE(h->id, GS_X_HEAD(x), GS_X_COUNT(x)),
+                    memory_order_acquire, memory_order_relaxed))
+                continue;
+            atomic_store_explicit(&s->owner_heap, h, memory_order_relaxed);
+            if (marked)
+                gsi_link_store(s, idx, GS_LINK_ALLOCATED); /* we own it now */
+            gsi_heap_take_adopted(h, s);
+            gsi_heap_free_local(h, s, idx);
+            return;
+        }
+        GS_ASSERT(!h || GS_X_OWNER(x) != h->id);
+        uint16_t next = (uint16_t)(GS_LINK_REMOTE | GS_X_HEAD(x));
+        if (!marked) {
+            /* The state check and the claim are one CAS, so two threads
+               freeing the same object cannot both succeed. */
+            uint16_t expect = GS_LINK_ALLOCATED;
+            if (!__atomic_compare_exchange_n(&s->link[idx], &expect, next, false,
+                                             __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+                gsi_bad_free(call, p, expect);
+            marked = true;
+        } else {
+            gsi_link_store(s, idx, next);
+        }
+        /* Release: publishes the link write above to the owner's acquire
+           CAS in gsi_slab_collect(). */
+        if (atomic_compare_exchange_weak_explicit(
+                &s->xstate, &x, GS_X_MAKE(GS_X_OWNER(x), idx, GS_X_COUNT(x) + 1),
+                memory_order_release, memory_order_relaxed))
+            return;
+    }
+}
