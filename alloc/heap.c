@@ -17,6 +17,7 @@
  * heap_lock -> orphan_lock -> segment_lock.
  */
 #include "alloc/internal.h"
+#include "rcu/internal.h"
 
 #include <errno.h>
 #include <string.h>
@@ -248,10 +249,19 @@ void gsi_heaps_foreach(void (*fn)(struct gs_heap *, void *), void *arg)
 
 /* ----------------------------------------------------------------- refill */
 
-/* s is owned by h, on no list, and has no free object left. Release it, or
-   keep it on the partial list if remote frees arrived meanwhile. */
+/* s is owned by h, on no list, and has no free object left. With objects
+   pending a grace period it waits on the waiting list (oldest first);
+   otherwise it is released, or kept on the partial list if remote frees
+   arrived meanwhile. */
 static void put_exhausted(struct gs_heap *h, struct gs_slab *s)
 {
+    if (gsi_slab_has_pending(s)) {
+        s->wait_cookie = gsi_slab_pending_cookie(s);
+        s->where = GS_IN_WAITING;
+        list_append(&h->waiting[s->cls], s);
+        gsi_pending_kick();
+        return;
+    }
     if (gsi_slab_release(h, s))
         return;
     /* The release failed because the remote chain is not empty; the chain
@@ -260,11 +270,43 @@ static void put_exhausted(struct gs_heap *h, struct gs_slab *s)
     make_partial(h, s);
 }
 
-/* Makes s ready to allocate from (true), or says it has nothing. */
+/* Makes s ready to allocate from (true), or says it has nothing. Pending
+   objects whose grace period is done become free here, in bulk: this is the
+   reclaim path. */
 static bool slab_refill(struct gs_slab *s)
 {
     return s->free_head != GS_LINK_END || gsi_slab_collect(s) ||
-           gsi_slab_extend(s, EXTEND_BATCH);
+           gsi_pending_reclaim_local(s) || gsi_slab_extend(s, EXTEND_BATCH);
+}
+
+/* The oldest waiting slab of the class, if its grace period is done (after
+   nudging the engine: non-blocking), or after waiting for it when `wait`. */
+static struct gs_slab *waiting_ready(struct gs_heap *h, unsigned cls, bool wait)
+{
+    struct gs_slab *s = h->waiting[cls].first;
+    if (!s)
+        return NULL;
+    if (!gsi_gp_done(s->wait_cookie)) {
+        if (wait)
+            gsi_gp_wait(s->wait_cookie);
+        else
+            gsi_gp_advance();
+        if (!gsi_gp_done(s->wait_cookie))
+            return NULL;
+    }
+    unlink_owned(h, s);
+    return s;
+}
+
+/* Pending memory in class cls that makes refill wait for a grace period
+   rather than map a new slab: GRACESLAB_PENDING_EXPEDITE_KB (256 KiB by
+   default) — a few slabs' worth, so a writer that defers frees keeps its
+   footprint within a small bound of its live set, while short bursts never
+   block. */
+static bool pending_worth_waiting(struct gs_heap *h, unsigned cls)
+{
+    size_t bytes = h->waiting[cls].count * gsi_classes[cls].span * GS_SLOT_SIZE;
+    return bytes >= (size_t)gsi_option(GSI_OPT_PENDING_EXPEDITE_KB) << 10;
 }
 
 static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
@@ -282,10 +324,25 @@ static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
             goto got;
         put_exhausted(h, s);
     }
+    while ((s = waiting_ready(h, cls, false))) {
+        if (slab_refill(s))
+            goto got;
+        put_exhausted(h, s);
+    }
     while ((s = orphan_adopt(h, cls))) {
         if (slab_refill(s))
             goto got;
         put_exhausted(h, s);
+    }
+    /* Before asking the OS: if enough of this class is pending, wait for
+       its grace period (never inside a read-side critical section, where
+       that would wait for the caller itself). */
+    if (pending_worth_waiting(h, cls) && !gsi_rcu_in_reader()) {
+        while ((s = waiting_ready(h, cls, true))) {
+            if (slab_refill(s))
+                goto got;
+            put_exhausted(h, s);
+        }
     }
     s = gsi_slab_new(cls);
     if (!s)
@@ -311,6 +368,8 @@ void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size)
         }
         cls = gsi_size_class(size);
     }
+    if (GS_UNLIKELY(atomic_load_explicit(&gsi_pending_unarmed, memory_order_relaxed)))
+        gsi_pending_kick();
     struct gs_slab *s = refill(h, cls);
     if (GS_UNLIKELY(!s)) {
         if (gsi_oom_reclaim())
@@ -340,23 +399,53 @@ void gsi_heap_free_local(struct gs_heap *h, struct gs_slab *s, uint32_t idx)
         gsi_heap_slab_empty(h, s);
 }
 
-static bool has_pending(const struct gs_slab *s)
-{
-    for (int i = 0; i < GS_PENDING_CHAINS; i++)
-        if (GS_P_COUNT(atomic_load_explicit(&s->pending[i], memory_order_relaxed)))
-            return true;
-    return false;
-}
-
 void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
 {
     /* Keep the active slab: a thread that allocates and frees one object
        at a time must not map and unmap a slab per call. */
-    if (s->where == GS_IN_ACTIVE || has_pending(s))
+    if (s->where == GS_IN_ACTIVE || gsi_slab_has_pending(s))
         return;
     unlink_owned(h, s);
     gsi_orphan_remove(s);
     gsi_slab_retire(s);
+}
+
+/* h adopted s in gs_free_rcu(): it waits for its grace period on h's
+   waiting list. */
+void gsi_heap_wait_pending(struct gs_heap *h, struct gs_slab *s)
+{
+    s->wait_cookie = gsi_slab_pending_cookie(s);
+    s->where = GS_IN_WAITING;
+    list_append(&h->waiting[s->cls], s);
+}
+
+/* h adopted the ownerless slab s outside its lists (a sweep): keep it if it
+   is useful to h, give it back otherwise. */
+void gsi_heap_settle_adopted(struct gs_heap *h, struct gs_slab *s)
+{
+    gsi_orphan_remove(s);
+    gsi_slab_collect(s);
+    if (s->free_head != GS_LINK_END || s->bump < s->capacity) {
+        make_partial(h, s);
+        if (s->used == 0)
+            gsi_heap_slab_empty(h, s);
+        return;
+    }
+    put_exhausted(h, s);
+}
+
+static void sum_pending(struct gs_heap *h, void *arg)
+{
+    struct { int64_t *per_class; uint64_t *reclaimed; } *acc = arg;
+    for (unsigned c = 0; c < GS_NCLASSES; c++)
+        acc->per_class[c] += atomic_load_explicit(&h->pending_objects[c], memory_order_relaxed);
+    *acc->reclaimed += atomic_load_explicit(&h->reclaimed_objects, memory_order_relaxed);
+}
+
+void gsi_heaps_pending(int64_t *per_class, uint64_t *reclaimed)
+{
+    struct { int64_t *per_class; uint64_t *reclaimed; } acc = {per_class, reclaimed};
+    gsi_heaps_foreach(sum_pending, &acc);
 }
 
 void gsi_heap_take_adopted(struct gs_heap *h, struct gs_slab *s)
@@ -373,7 +462,7 @@ static void abandon_slab(struct gs_heap *h, struct gs_slab *s)
     unlink_owned(h, s);
     for (;;) {
         gsi_slab_collect(s);
-        if (s->used == 0 && !has_pending(s)) {
+        if (s->used == 0 && !gsi_slab_has_pending(s)) {
             gsi_orphan_remove(s);
             gsi_slab_retire(s);
             return;
@@ -381,7 +470,7 @@ static void abandon_slab(struct gs_heap *h, struct gs_slab *s)
         if (gsi_slab_release(h, s))
             break;
     }
-    if (s->free_head != GS_LINK_END || s->bump < s->capacity || has_pending(s))
+    if (s->free_head != GS_LINK_END || s->bump < s->capacity || gsi_slab_has_pending(s))
         gsi_orphan_push(s);
 }
 

@@ -236,6 +236,17 @@ extern _Atomic uint8_t gsi_segmap[(size_t)1 << (GS_ADDR_BITS - GS_SEGMENT_SHIFT)
 #define GS_MAP_LARGE 2
 #define GS_MAP_FAR   255
 
+/* Fast-path lookup without the canonical-address check: a non-canonical
+   pointer aliases some unit, but then its offset from any slab start is at
+   least 2^47 - 2^22, so gsi_slab_index() rejects it and the slow path (which
+   uses gsi_map_kind) reports it. */
+GS_INLINE unsigned gsi_map_kind_fast(uintptr_t a)
+{
+    return atomic_load_explicit(
+        &gsi_segmap[(a >> GS_SEGMENT_SHIFT) & (((uintptr_t)1 << (GS_ADDR_BITS - GS_SEGMENT_SHIFT)) - 1)],
+        memory_order_relaxed);
+}
+
 GS_INLINE unsigned gsi_map_kind(uintptr_t a)
 {
     if (GS_UNLIKELY(a >> GS_ADDR_BITS))
@@ -361,10 +372,27 @@ void *gsi_malloc_aligned(size_t size, size_t align, const char *call);
 bool gsi_oom_reclaim(void);
 
 /* ---------------------------------------------------------------------
- * reclaim.c: memory pressure.
+ * pending.c: gs_free_rcu and the reclaim of pending objects.
  * --------------------------------------------------------------------- */
-/* Gives back every cached empty slab and large block; true if anything
-   was freed (defined here, declared above for the heap and large paths). */
+void gsi_free_rcu(void *p, const char *call);
+/* Owner: done pending chains of s onto the local list; objects moved. */
+uint32_t gsi_pending_reclaim_local(struct gs_slab *s);
+bool gsi_slab_has_pending(const struct gs_slab *s);
+uint64_t gsi_slab_pending_cookie(const struct gs_slab *s);
+/* Reclaims every done pending object of every slab and large block;
+   returns bytes made reusable, and how many objects are still pending. */
+size_t gsi_pending_sweep(size_t *still_pending);
+/* Makes sure the engine's lazy thread sweeps pending memory later. */
+void gsi_pending_kick(void);
+extern _Atomic bool gsi_pending_unarmed;
+void gsi_pending_stats(struct gs_stats *st);
+void gsi_heap_settle_adopted(struct gs_heap *h, struct gs_slab *s);
+void gsi_heap_wait_pending(struct gs_heap *h, struct gs_slab *s);
+void gsi_heaps_pending(int64_t *per_class, uint64_t *reclaimed);
+GS_INLINE bool gsi_heap_owns(const struct gs_heap *h, uint64_t xstate)
+{
+    return h && GS_X_OWNER(xstate) == h->id;
+}
 
 /* ---------------------------------------------------------------------
  * stats.c

@@ -169,7 +169,9 @@ struct gs_large *gsi_large_of(const void *p)
 void gsi_large_free(struct gs_large *b, const char *call)
 {
     if (b->magic != GS_LARGE_MAGIC)
-        gsi_fatal(call, "double free of", (char *)b + HEADER_BYTES);
+        gsi_fatal(call, "double free of", b->user);
+    if (atomic_load_explicit(&b->state, memory_order_relaxed) != GS_LARGE_LIVE)
+        gsi_fatal(call, "object already freed with gs_free_rcu(), pending a grace period:", b->user);
     b->magic = 0;
     atomic_fetch_sub_explicit(&gsi_large_live_bytes, b->usable, memory_order_relaxed);
     size_t limit = (size_t)gsi_option(GSI_OPT_LARGE_CACHE_MB) << 20;

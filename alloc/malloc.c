@@ -60,7 +60,7 @@ static GS_NOINLINE void free_slow(void *p, const char *call);
 GS_EXPORT void gs_free(void *p)
 {
     uintptr_t a = (uintptr_t)p;
-    if (GS_LIKELY(gsi_map_kind(a) == GS_MAP_SMALL)) {
+    if (GS_LIKELY(gsi_map_kind_fast(a) == GS_MAP_SMALL)) {
         struct gs_slab *s = gsi_slab_of(p);
         struct gs_heap *h = gsi_tls_heap;
         if (GS_LIKELY(atomic_load_explicit(&s->owner_heap, memory_order_relaxed) == h)) {

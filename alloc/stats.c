@@ -18,6 +18,12 @@ static void count_slab(struct gs_slab *s, void *arg)
     st->class_allocated[s->cls] += s->used;
 }
 
+static void count_heap(struct gs_heap *h, void *arg)
+{
+    (void)h;
+    (*(size_t *)arg)++;
+}
+
 GS_EXPORT void gs_stats_get(struct gs_stats *out)
 {
     memset(out, 0, sizeof *out);
@@ -26,14 +32,22 @@ GS_EXPORT void gs_stats_get(struct gs_stats *out)
     for (unsigned c = 0; c < GS_NCLASSES; c++)
         out->class_size[c] = gsi_classes[c].size;
     gsi_segments_foreach(count_slab, out);
-    for (unsigned c = 0; c < GS_NCLASSES; c++)
+    gsi_pending_stats(out);
+    for (unsigned c = 0; c < GS_NCLASSES; c++) {
+        /* A slab's used count includes its pending objects. */
+        size_t pend = out->class_pending_objects[c];
+        out->class_allocated[c] = out->class_allocated[c] > pend ? out->class_allocated[c] - pend : 0;
         out->allocated_bytes += out->class_allocated[c] * out->class_size[c];
+    }
     out->large_bytes = atomic_load_explicit(&gsi_large_live_bytes, memory_order_relaxed);
     out->allocated_bytes += out->large_bytes;
     out->mapped_bytes = atomic_load_explicit(&gsi_os_mapped_bytes, memory_order_relaxed);
     size_t decommitted = gsi_segments_decommitted();
     out->committed_bytes = out->mapped_bytes > decommitted ? out->mapped_bytes - decommitted : 0;
     out->segments = gsi_segments_count();
+    size_t heaps = 0;
+    gsi_heaps_foreach(count_heap, &heaps);
+    out->heaps = heaps;
 }
 
 /* ------------------------------------------------------- exit summary */

@@ -1,0 +1,406 @@
+/*
+ * RCU-deferred free inside the slab: gs_free_rcu() and the reclaim of
+ * pending objects.
+ *
+ * The idea SLUB could not have (its free list lives inside the objects,
+ * which readers may still be reading): graceslab's per-object state is out
+ * of band, so deferring a free is only a change of that state.
+ *
+ *   gs_free_rcu(p): CAS p's link ALLOCATED -> PENDING|next and push p onto
+ *   one of its slab's four pending chains, whose word (GS_P_*) holds the
+ *   chain head, its length and the grace-period cookie the whole chain waits
+ *   for (the maximum of its members' cookies). Lock-free, O(1), from any
+ *   thread, no allocation, no system call; p's bytes are never written.
+ *   The chain is chosen by the cookie ((cookie >> 1) & 3): cookies still
+ *   waiting are at most two consecutive values, so two threads rarely merge
+ *   a young cookie into an old chain — and if they do, the old members only
+ *   wait longer, never less.
+ *
+ *   Reclaim: whoever takes a chain (CAS to empty) after gsi_gp_done(its
+ *   cookie) owns every member: each was pushed by a CAS that the taking CAS
+ *   read, so each member's cookie is <= the chain cookie, which is done.
+ *   The owner heap turns the members into free objects of its local list
+ *   (heap refill, bulk: one walk, no per-object atomics). Another thread
+ *   (gs_reclaim, the engine's lazy hook, OOM) hands them to the owner through
+ *   the slab's remote chain, or adopts an ownerless slab and frees them.
+ *
+ * Nothing here waits for a grace period except gs_reclaim() and the OOM
+ * path outside read-side critical sections (gsi_gp_wait aborts inside).
+ * Inside a read-side critical section every path only polls.
+ *
+ * Exact accounting: every pending object is on exactly one chain and its
+ * size is its slab's class size, so the bytes a reclaim frees are counted,
+ * not estimated.
+ */
+#include "alloc/internal.h"
+#include "rcu/internal.h"
+
+#include <errno.h>
+
+/* Pending counts of threads that have no heap (yet). */
+static _Atomic int64_t orphan_pending[GS_NCLASSES];
+static _Atomic uint64_t orphan_reclaimed;
+/* Large blocks pending a grace period: a lock-free stack (push: CAS;
+   reclaim: exchange the whole stack). */
+static _Atomic(struct gs_large *) large_pending;
+static _Atomic int64_t large_pending_objects, large_pending_bytes;
+static _Atomic bool hook_registered;
+/* Set by gs_free_rcu (which makes no system call) when the engine may not
+   know about new pending memory; the next allocator slow path kicks the
+   lazy reclaim. Written only when it changes, so the shared line stays
+   read-mostly. */
+_Atomic bool gsi_pending_unarmed;
+
+static void pending_hook(void);
+
+/* ------------------------------------------------------------- accounting */
+
+/* Adds delta to the calling thread's pending count for class cls. Single
+   writer per heap: load + store, relaxed (gs_stats_get sums racily). */
+static void count_pending(unsigned cls, int64_t delta)
+{
+    struct gs_heap *h = gsi_tls_heap;
+    if (h != &gsi_empty_heap) {
+        int64_t v = atomic_load_explicit(&h->pending_objects[cls], memory_order_relaxed);
+        atomic_store_explicit(&h->pending_objects[cls], v + delta, memory_order_relaxed);
+    } else {
+        atomic_fetch_add_explicit(&orphan_pending[cls], delta, memory_order_relaxed);
+    }
+}
+
+static void count_reclaimed(uint64_t n)
+{
+    struct gs_heap *h = gsi_tls_heap;
+    if (h != &gsi_empty_heap) {
+        uint64_t v = atomic_load_explicit(&h->reclaimed_objects, memory_order_relaxed);
+        atomic_store_explicit(&h->reclaimed_objects, v + n, memory_order_relaxed);
+    } else {
+        atomic_fetch_add_explicit(&orphan_reclaimed, n, memory_order_relaxed);
+    }
+}
+
+/* ------------------------------------------------------------ gs_free_rcu */
+
+static void free_rcu_small(void *p, const char *call)
+{
+    struct gs_slab *s = gsi_slab_of(p);
+    if (GS_UNLIKELY(s->kind != GS_SLAB_SMALL))
+        gsi_fatal(call, "invalid pointer (not allocated by graceslab, or already freed)", p);
+    long i = gsi_slab_index(s, p);
+    if (GS_UNLIKELY(i < 0))
+        gsi_fatal(call, "invalid pointer (not a block start)", p);
+    uint32_t idx = (uint32_t)i;
+    uint64_t cookie = gsi_gp_cookie();
+    _Atomic uint64_t *chain = &s->pending[(cookie >> 1) & (GS_PENDING_CHAINS - 1)];
+    uint64_t w = atomic_load_explicit(chain, memory_order_relaxed);
+    bool marked = false;
+    for (;;) {
+        uint16_t link = (uint16_t)(GS_LINK_PENDING | GS_P_HEAD(w));
+        if (!marked) {
+            /* State check and claim in one CAS: a second gs_free_rcu or a
+               racing free of the same object cannot both succeed. */
+            uint16_t expect = GS_LINK_ALLOCATED;
+            if (!__atomic_compare_exchange_n(&s->link[idx], &expect, link, false,
+                                             __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+                gsi_bad_free(call, p, expect);
+            marked = true;
+        } else {
+            gsi_link_store(s, idx, link);
+        }
+        uint64_t c = GS_P_COOKIE(w) > cookie ? GS_P_COOKIE(w) : cookie;
+        /* Release: publishes the link write to the reclaimer's acquire CAS
+           in take_done_chain(). */
+        if (atomic_compare_exchange_weak_explicit(chain, &w,
+                                                  GS_P_MAKE(c, idx, GS_P_COUNT(w) + 1),
+                                                  memory_order_release, memory_order_relaxed))
+            break;
+    }
+    count_pending(s->cls, 1);
+    /* A full slab has no owner to reclaim it: the caller adopts it (one
+       CAS, lock-free) and keeps it on its waiting list, so its own refills
+       reclaim the object. Its orphan-list entry, if any, stays as a stale
+       hint (see gsi_orphan_remove). */
+    struct gs_heap *h = gsi_tls_heap;
+    if (GS_X_OWNER(atomic_load_explicit(&s->xstate, memory_order_relaxed)) == 0 &&
+        h != &gsi_empty_heap && !s->cache && gsi_slab_adopt(h, s))
+        gsi_heap_wait_pending(h, s);
+    if (!atomic_load_explicit(&gsi_pending_unarmed, memory_order_relaxed))
+        atomic_store_explicit(&gsi_pending_unarmed, true, memory_order_relaxed);
+}
+
+static void free_rcu_large(void *p, const char *call)
+{
+    struct gs_large *b = gsi_large_of(p);
+    if (!b || b->user != p || b->magic != GS_LARGE_MAGIC)
+        gsi_fatal(call, "invalid pointer (not a live graceslab block)", p);
+    uint32_t expect = GS_LARGE_LIVE;
+    if (!atomic_compare_exchange_strong_explicit(&b->state, &expect, GS_LARGE_PENDING,
+                                                 memory_order_relaxed, memory_order_relaxed))
+        gsi_fatal(call, "object already freed with gs_free_rcu(), pending a grace period:", p);
+    b->cookie = gsi_gp_cookie();
+    b->next = atomic_load_explicit(&large_pending, memory_order_relaxed);
+    /* Release: b's cookie and next are visible to the reclaimer's acquire
+       exchange. */
+    while (!atomic_compare_exchange_weak_explicit(&large_pending, &b->next, b,
+                                                  memory_order_release, memory_order_relaxed))
+        ;
+    atomic_fetch_add_explicit(&large_pending_objects, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&large_pending_bytes, (int64_t)b->usable, memory_order_relaxed);
+    if (!atomic_load_explicit(&gsi_pending_unarmed, memory_order_relaxed))
+        atomic_store_explicit(&gsi_pending_unarmed, true, memory_order_relaxed);
+}
+
+void gsi_free_rcu(void *p, const char *call)
+{
+    if (!p)
+        return;
+    unsigned kind = gsi_map_kind((uintptr_t)p);
+    if (GS_LIKELY(kind == GS_MAP_SMALL))
+        free_rcu_small(p, call);
+    else if (kind >= GS_MAP_LARGE)
+        free_rcu_large(p, call);
+    else
+        gsi_fatal(call, "invalid pointer (not allocated by graceslab)", p);
+}
+
+GS_EXPORT void gs_free_rcu(void *p)
+{
+    gsi_free_rcu(p, "gs_free_rcu");
+}
+
+/* ---------------------------------------------------------------- reclaim */
+
+/* Takes chain k of s if its grace period is done; returns its word (count 0
+   if nothing was taken). Acquire pairs with the pushers' release CAS. */
+static uint64_t take_done_chain(struct gs_slab *s, unsigned k)
+{
+    uint64_t w = atomic_load_explicit(&s->pending[k], memory_order_relaxed);
+    while (GS_P_COUNT(w) && gsi_gp_done(GS_P_COOKIE(w))) {
+        if (atomic_compare_exchange_weak_explicit(&s->pending[k], &w,
+                                                  GS_P_MAKE(GS_P_COOKIE(w), GS_LINK_END, 0),
+                                                  memory_order_acquire, memory_order_relaxed))
+            return w;
+    }
+    return GS_P_MAKE(0, GS_LINK_END, 0);
+}
+
+/* Rewrites the n links of a chain from PENDING to `tag` (0: local list,
+   GS_LINK_REMOTE: remote chain); returns the tail index. */
+static uint32_t retag_chain(struct gs_slab *s, uint32_t head, uint32_t n, uint16_t tag)
+{
+    uint32_t i = head;
+    for (uint32_t k = 1;; k++) {
+        uint16_t v = gsi_link_load(s, i);
+        GS_ASSERT_EXPENSIVE((v & ~GS_LINK_INDEX) == GS_LINK_PENDING);
+        gsi_link_store(s, i, (uint16_t)(tag | (v & GS_LINK_INDEX)));
+        if (k == n)
+            return i;
+        i = v & GS_LINK_INDEX;
+    }
+}
+
+uint32_t gsi_pending_reclaim_local(struct gs_slab *s)
+{
+    uint32_t total = 0;
+    for (unsigned k = 0; k < GS_PENDING_CHAINS; k++) {
+        uint64_t w = take_done_chain(s, k);
+        uint32_t n = GS_P_COUNT(w);
+        if (!n)
+            continue;
+        uint32_t tail = retag_chain(s, GS_P_HEAD(w), n, 0);
+        gsi_link_store(s, tail, (uint16_t)s->free_head);
+        s->free_head = GS_P_HEAD(w);
+        GS_ASSERT(s->used >= n);
+        s->used -= n;
+        total += n;
+    }
+    if (total) {
+        count_pending(s->cls, -(int64_t)total);
+        count_reclaimed(total);
+    }
+    return total;
+}
+
+/* Not the owner: hands the done chains to the owner through the remote
+   chain. Lock-free; safe under the segment lock. */
+static uint32_t reclaim_to_remote(struct gs_slab *s)
+{
+    uint32_t total = 0;
+    for (unsigned k = 0; k < GS_PENDING_CHAINS; k++) {
+        uint64_t w = take_done_chain(s, k);
+        uint32_t n = GS_P_COUNT(w);
+        if (!n)
+            continue;
+        uint32_t head = GS_P_HEAD(w);
+        uint32_t tail = retag_chain(s, head, n, GS_LINK_REMOTE);
+        uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
+        do {
+            gsi_link_store(s, tail, (uint16_t)(GS_LINK_REMOTE | GS_X_HEAD(x)));
+            /* Release: the retagged links are visible to the owner's acquire
+               CAS in gsi_slab_collect() (as for a remote free). */
+        } while (!atomic_compare_exchange_weak_explicit(
+            &s->xstate, &x, GS_X_MAKE(GS_X_OWNER(x), head, GS_X_COUNT(x) + n),
+            memory_order_release, memory_order_relaxed));
+        total += n;
+    }
+    if (total) {
+        count_pending(s->cls, -(int64_t)total);
+        count_reclaimed(total);
+    }
+    return total;
+}
+
+bool gsi_slab_has_pending(const struct gs_slab *s)
+{
+    for (unsigned k = 0; k < GS_PENDING_CHAINS; k++)
+        if (GS_P_COUNT(atomic_load_explicit(&s->pending[k], memory_order_relaxed)))
+            return true;
+    return false;
+}
+
+/* The newest cookie among s's chains (what the whole slab waits for). */
+uint64_t gsi_slab_pending_cookie(const struct gs_slab *s)
+{
+    uint64_t c = 0;
+    for (unsigned k = 0; k < GS_PENDING_CHAINS; k++) {
+        uint64_t w = atomic_load_explicit(&s->pending[k], memory_order_relaxed);
+        if (GS_P_COUNT(w) && GS_P_COOKIE(w) > c)
+            c = GS_P_COOKIE(w);
+    }
+    return c;
+}
+
+/* Large blocks: frees the ones whose grace period is done. */
+static size_t reclaim_large(void)
+{
+    struct gs_large *b = atomic_exchange_explicit(&large_pending, NULL, memory_order_acquire);
+    size_t bytes = 0;
+    while (b) {
+        struct gs_large *next = b->next;
+        if (gsi_gp_done(b->cookie)) {
+            atomic_fetch_sub_explicit(&large_pending_objects, 1, memory_order_relaxed);
+            atomic_fetch_sub_explicit(&large_pending_bytes, (int64_t)b->usable, memory_order_relaxed);
+            bytes += b->usable;
+            count_reclaimed(1);
+            atomic_store_explicit(&b->state, GS_LARGE_LIVE, memory_order_relaxed);
+            gsi_large_free(b, "gs_free_rcu");
+        } else {
+            b->next = atomic_load_explicit(&large_pending, memory_order_relaxed);
+            while (!atomic_compare_exchange_weak_explicit(&large_pending, &b->next, b,
+                                                          memory_order_release,
+                                                          memory_order_relaxed))
+                ;
+        }
+        b = next;
+    }
+    return bytes;
+}
+
+/* ----------------------------------------- reclaim across every slab */
+
+#define SETTLE_BATCH 256
+
+struct sweep {
+    struct gs_heap *h;              /* the sweeping thread's heap (may be NULL) */
+    size_t bytes;                   /* made reusable */
+    size_t npending;                /* objects still pending after the sweep */
+    unsigned nsettle;
+    struct gs_slab *settle[SETTLE_BATCH]; /* ownerless slabs adopted by h */
+};
+
+/* Under segment_lock: lock-free work only. */
+static void sweep_slab(struct gs_slab *s, void *arg)
+{
+    struct sweep *sw = arg;
+    if (!gsi_slab_has_pending(s))
+        return;
+    uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
+    if (GS_X_OWNER(x) == 0 && sw->h && sw->nsettle < SETTLE_BATCH && !s->cache &&
+        gsi_slab_adopt(sw->h, s)) {
+        /* Adopted: nobody else may retire it, so it is safe to settle after
+           the segment lock is dropped. */
+        gsi_slab_collect(s);
+        sw->bytes += (size_t)gsi_pending_reclaim_local(s) * s->obj_size;
+        sw->settle[sw->nsettle++] = s;
+    } else if (!gsi_heap_owns(sw->h, x)) {
+        sw->bytes += (size_t)reclaim_to_remote(s) * s->obj_size;
+    } else {
+        sw->bytes += (size_t)gsi_pending_reclaim_local(s) * s->obj_size;
+    }
+    for (unsigned k = 0; k < GS_PENDING_CHAINS; k++)
+        sw->npending += GS_P_COUNT(atomic_load_explicit(&s->pending[k], memory_order_relaxed));
+}
+
+size_t gsi_pending_sweep(size_t *still_pending)
+{
+    struct sweep sw = {.h = gsi_heap_get()};
+    gsi_segments_foreach(sweep_slab, &sw);
+    for (unsigned i = 0; i < sw.nsettle; i++)
+        gsi_heap_settle_adopted(sw.h, sw.settle[i]);
+    sw.bytes += reclaim_large();
+    if (still_pending)
+        *still_pending = sw.npending +
+                         (size_t)atomic_load_explicit(&large_pending_objects, memory_order_relaxed);
+    return sw.bytes;
+}
+
+/* The engine's lazy thread calls this after a grace period, when the
+   allocator asked (pending memory and perhaps no allocation traffic). */
+static void pending_hook(void)
+{
+    size_t left = 0;
+    gsi_pending_sweep(&left);
+    if (left)
+        gsi_rcu_request_reclaim();
+}
+
+void gsi_pending_kick(void)
+{
+    atomic_store_explicit(&gsi_pending_unarmed, false, memory_order_relaxed);
+    if (!atomic_load_explicit(&hook_registered, memory_order_relaxed) &&
+        !atomic_exchange_explicit(&hook_registered, true, memory_order_relaxed))
+        gsi_rcu_set_reclaim_hook(pending_hook);
+    gsi_rcu_request_reclaim();
+}
+
+GS_EXPORT size_t gs_reclaim(size_t bytes)
+{
+    (void)bytes; /* everything done is reclaimed: the count is exact either way */
+    if (!gsi_rcu_in_reader())
+        gsi_gp_wait(gsi_gp_cookie());
+    else
+        gsi_gp_advance();
+    return gsi_pending_sweep(NULL);
+}
+
+bool gsi_oom_reclaim(void)
+{
+    size_t freed;
+    if (!gsi_rcu_in_reader())
+        gsi_gp_wait(gsi_gp_cookie());
+    freed = gsi_pending_sweep(NULL);
+    freed += gsi_segments_purge(true);
+    freed += gsi_large_trim(true);
+    return freed > 0;
+}
+
+void gsi_pending_stats(struct gs_stats *st)
+{
+    int64_t per_class[GS_NCLASSES] = {0};
+    uint64_t reclaimed = atomic_load_explicit(&orphan_reclaimed, memory_order_relaxed);
+    for (unsigned c = 0; c < GS_NCLASSES; c++)
+        per_class[c] = atomic_load_explicit(&orphan_pending[c], memory_order_relaxed);
+    gsi_heaps_pending(per_class, &reclaimed);
+    for (unsigned c = 0; c < GS_NCLASSES; c++) {
+        size_t n = per_class[c] > 0 ? (size_t)per_class[c] : 0;
+        st->class_pending_objects[c] = n;
+        st->class_pending_bytes[c] = n * gsi_classes[c].size;
+        st->pending_objects += n;
+        st->pending_bytes += n * gsi_classes[c].size;
+    }
+    st->pending_objects += (size_t)atomic_load_explicit(&large_pending_objects, memory_order_relaxed);
+    st->pending_bytes += (size_t)atomic_load_explicit(&large_pending_bytes, memory_order_relaxed);
+    st->reclaimed_objects = reclaimed;
+    st->gp_started = gsi_gp_started();
+    st->gp_completed = gsi_gp_completed();
+}
