@@ -41,6 +41,7 @@
 #include "graceslab.h"
 
 #include <limits.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <stddef.h>
 
@@ -170,6 +171,8 @@ static void *lazy_main(void *arg)
 {
     (void)arg;
     on_lazy_thread = true;
+    /* Named, so that tools (and rcu_wakeups) can tell it apart. */
+    prctl(PR_SET_NAME, "gs-rcu-lazy", 0, 0, 0);
     uint64_t lazy_ns = (uint64_t)gsi_option(GSI_OPT_RCU_LAZY_MS) * 1000000u;
     uint64_t deadline = 0; /* 0: idle, no timer */
     for (;;) {

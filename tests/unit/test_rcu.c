@@ -4,9 +4,15 @@
  * meson runs this binary twice: as is (membarrier read side when the kernel
  * has it) and with GRACESLAB_RCU_FENCES=1 (fence read side), both with
  * GRACESLAB_RCU_LAZY_MS=30000 so that "did not wait for the lazy timeout"
- * is a functional, not a timing, property.
+ * is a functional, not a timing, property. Under ThreadSanitizer it is
+ * built against rcu_mini_criterion.h (Criterion cannot run under TSan).
  */
+#ifdef GS_RCU_MINI_CRITERION
+#include <stdbool.h>
+#include "rcu_mini_criterion.h"
+#else
 #include <criterion/criterion.h>
+#endif
 
 #include "graceslab.h"
 #include "alloc/common.h"
