@@ -81,8 +81,14 @@ void bench_result(const char *name, const char *extra, double ops, double secs)
     fflush(stdout);
 }
 
+void *bench_thread_args(int n, size_t size)
+{
+    void *p = bench_check(aligned_alloc(64, (size_t)n * size), "aligned_alloc");
+    return memset(p, 0, (size_t)n * size);
+}
+
 double bench_run_threads(int n, void *(*fn)(void *), void *args, size_t arg_size,
-                         double seconds)
+                         double seconds, double *ops)
 {
     pthread_t *tid = bench_check(calloc((size_t)n, sizeof *tid), "calloc");
     atomic_store(&bench_stop, 0);
@@ -97,8 +103,11 @@ double bench_run_threads(int n, void *(*fn)(void *), void *args, size_t arg_size
     while (nanosleep(&ts, &ts) != 0)
         ;
     atomic_store(&bench_stop, 1);
-    for (int i = 0; i < n; i++)
+    *ops = 0;
+    for (int i = 0; i < n; i++) {
         pthread_join(tid[i], NULL);
+        *ops += ((struct bench_thread *)((char *)args + (size_t)i * arg_size))->ops;
+    }
     double t = bench_now() - t0;
     free(tid);
     return t;

@@ -60,16 +60,23 @@ void *bench_check(void *p, const char *what);
    (may be empty) placed after name=. */
 void bench_result(const char *name, const char *extra, double ops, double secs);
 
-/* Multi-threaded helpers: run fn(arg_i) on n threads, start them together,
-   let them run until bench_stop is set by the caller after `seconds`, join.
-   Returns the measured wall time. Workers poll bench_stopped(). */
+/* Multi-threaded benchmarks. Each thread gets its own argument block, one
+   cache line aligned, whose first member is a struct bench_thread: the
+   thread stores the operations it did there. */
+struct bench_thread {
+    double ops;
+};
 extern atomic_int bench_stop;
 static inline int bench_stopped(void)
 {
     return atomic_load_explicit(&bench_stop, memory_order_relaxed);
 }
+/* n zeroed argument blocks of size bytes each (size a multiple of 64). */
+void *bench_thread_args(int n, size_t size);
+/* Runs fn(&args[i]) on n threads, sets bench_stop after `seconds`, joins.
+   Returns the wall time; *ops gets the sum of the threads' counts. */
 double bench_run_threads(int n, void *(*fn)(void *), void *args, size_t arg_size,
-                         double seconds);
+                         double seconds, double *ops);
 
 /* The inner loop of the thread benchmarks: up to `steps` times (until
    bench_stopped() when steps < 0), free a random slot of slot[0..n) and

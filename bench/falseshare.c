@@ -15,10 +15,10 @@
 #include <stdlib.h>
 
 struct worker {
+    struct bench_thread th;
     char *given; /* passive: a block from the main thread, freed first */
     size_t size;
     long writes;
-    double ops;
 } __attribute__((aligned(64)));
 
 static void *work(void *arg)
@@ -36,7 +36,7 @@ static void *work(void *arg)
         }
         ops += 64.0 * (double)w->writes;
     }
-    w->ops = ops;
+    w->th.ops = ops;
     return NULL;
 }
 
@@ -47,17 +47,13 @@ int main(int argc, char **argv)
     long writes = (long)bench_arg(argc, argv, "writes", 100);
     int passive = (int)bench_arg(argc, argv, "passive", 1);
     double seconds = bench_arg(argc, argv, "seconds", 1.0);
-    struct worker *w = bench_check(aligned_alloc(64, (size_t)threads * sizeof *w),
-                                   "aligned_alloc");
+    struct worker *w = bench_thread_args(threads, sizeof *w);
     for (int i = 0; i < threads; i++)
         w[i] = (struct worker){ .size = size, .writes = writes,
                                 .given = passive ? bench_check(malloc(size), "malloc")
                                                  : NULL };
 
-    double t = bench_run_threads(threads, work, w, sizeof *w, seconds);
-    double ops = 0;
-    for (int i = 0; i < threads; i++)
-        ops += w[i].ops;
+    double ops, t = bench_run_threads(threads, work, w, sizeof *w, seconds, &ops);
     free(w);
     char extra[96];
     snprintf(extra, sizeof extra, " threads=%d size=%zu writes=%ld passive=%d", threads, size,

@@ -21,10 +21,10 @@ struct ring {
 };
 
 struct role {
+    struct bench_thread th; /* consumers count the blocks they free */
     struct ring *ring;
     int producer;
     size_t size;
-    double ops;
 } __attribute__((aligned(64)));
 
 /* Waits politely: two threads per pair on two cores, with other pairs and
@@ -75,7 +75,7 @@ static void consume(struct role *r)
         for (; head != tail; head++) {
             size_t *p = q->slot[head % RING];
             if (!p) {
-                r->ops = ops;
+                r->th.ops = ops;
                 return;
             }
             bench_escape((void *)(uintptr_t)*p);
@@ -106,8 +106,7 @@ int main(int argc, char **argv)
         pairs = 1;
     struct ring *rings = bench_check(aligned_alloc(64, (size_t)pairs * sizeof *rings),
                                      "aligned_alloc");
-    struct role *roles = bench_check(aligned_alloc(64, 2 * (size_t)pairs * sizeof *roles),
-                                     "aligned_alloc");
+    struct role *roles = bench_thread_args(2 * pairs, sizeof *roles);
     for (int i = 0; i < pairs; i++) {
         atomic_init(&rings[i].head, 0);
         atomic_init(&rings[i].tail, 0);
@@ -115,10 +114,7 @@ int main(int argc, char **argv)
         roles[2 * i + 1] = (struct role){ .ring = &rings[i], .producer = 0, .size = size };
     }
 
-    double t = bench_run_threads(2 * pairs, run, roles, sizeof *roles, seconds);
-    double ops = 0;
-    for (int i = 0; i < 2 * pairs; i++)
-        ops += roles[i].ops;
+    double ops, t = bench_run_threads(2 * pairs, run, roles, sizeof *roles, seconds, &ops);
     free(roles);
     free(rings);
     char extra[64];

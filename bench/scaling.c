@@ -12,16 +12,16 @@
 #include <stdlib.h>
 
 struct worker {
+    struct bench_thread th;
     size_t nslots;
     uint64_t rng;
-    double ops;
 } __attribute__((aligned(64)));
 
 static void *work(void *arg)
 {
     struct worker *w = arg;
     void **slot = bench_check(calloc(w->nslots, sizeof *slot), "calloc");
-    w->ops = (double)bench_replace_slots(slot, w->nslots, &w->rng, 16, 1024, -1);
+    w->th.ops = (double)bench_replace_slots(slot, w->nslots, &w->rng, 16, 1024, -1);
     for (size_t i = 0; i < w->nslots; i++)
         free(slot[i]);
     free(slot);
@@ -33,15 +33,11 @@ int main(int argc, char **argv)
     int threads = (int)bench_arg(argc, argv, "threads", 1);
     size_t nslots = (size_t)bench_arg(argc, argv, "slots", 1000);
     double seconds = bench_arg(argc, argv, "seconds", 1.0);
-    struct worker *w = bench_check(aligned_alloc(64, (size_t)threads * sizeof *w),
-                                   "aligned_alloc");
+    struct worker *w = bench_thread_args(threads, sizeof *w);
     for (int i = 0; i < threads; i++)
         w[i] = (struct worker){ .nslots = nslots, .rng = 0xabcdefULL * (uint64_t)(i + 1) };
 
-    double t = bench_run_threads(threads, work, w, sizeof *w, seconds);
-    double ops = 0;
-    for (int i = 0; i < threads; i++)
-        ops += w[i].ops;
+    double ops, t = bench_run_threads(threads, work, w, sizeof *w, seconds, &ops);
     free(w);
     char extra[64];
     snprintf(extra, sizeof extra, " threads=%d slots=%zu", threads, nslots);

@@ -16,17 +16,17 @@
 #include <stdlib.h>
 
 struct lane {
+    struct bench_thread th; /* the lane's count, over all its workers */
     void **slot;
     size_t nslots;
     long steps;
     uint64_t rng;
-    double ops;
 } __attribute__((aligned(64)));
 
 static void *worker(void *arg)
 {
     struct lane *l = arg;
-    l->ops += (double)bench_replace_slots(l->slot, l->nslots, &l->rng, 16, 1024, l->steps);
+    l->th.ops += (double)bench_replace_slots(l->slot, l->nslots, &l->rng, 16, 1024, l->steps);
     return NULL;
 }
 
@@ -50,18 +50,15 @@ int main(int argc, char **argv)
     size_t nslots = (size_t)bench_arg(argc, argv, "slots", 1000);
     long steps = (long)bench_arg(argc, argv, "steps", 20000);
     double seconds = bench_arg(argc, argv, "seconds", 1.0);
-    struct lane *lanes = bench_check(aligned_alloc(64, (size_t)threads * sizeof *lanes),
-                                     "aligned_alloc");
+    struct lane *lanes = bench_thread_args(threads, sizeof *lanes);
     for (int i = 0; i < threads; i++) {
         lanes[i] = (struct lane){ .nslots = nslots, .steps = steps,
                                   .rng = 0x1234567ULL * (uint64_t)(i + 1) };
         lanes[i].slot = bench_check(calloc(nslots, sizeof(void *)), "calloc");
     }
 
-    double t = bench_run_threads(threads, lane_driver, lanes, sizeof *lanes, seconds);
-    double ops = 0;
+    double ops, t = bench_run_threads(threads, lane_driver, lanes, sizeof *lanes, seconds, &ops);
     for (int i = 0; i < threads; i++) {
-        ops += lanes[i].ops;
         for (size_t j = 0; j < nslots; j++)
             free(lanes[i].slot[j]);
         free(lanes[i].slot);
