@@ -239,6 +239,24 @@ struct gs_heap *gsi_heap_get(void)
     return h;
 }
 
+/* A heap with no thread: the owner identity of a cache's slabs. */
+struct gs_heap *gsi_heap_detached(void)
+{
+    gsi_heap_init_once();
+    pthread_mutex_lock(&heap_lock);
+    struct gs_heap *h = heap_create_locked();
+    pthread_mutex_unlock(&heap_lock);
+    return h;
+}
+
+void gsi_heap_detached_put(struct gs_heap *h)
+{
+    pthread_mutex_lock(&heap_lock);
+    h->next_pool = heap_pool;
+    heap_pool = h;
+    pthread_mutex_unlock(&heap_lock);
+}
+
 void gsi_heaps_foreach(void (*fn)(struct gs_heap *, void *), void *arg)
 {
     pthread_mutex_lock(&heap_lock);

@@ -344,6 +344,8 @@ void gsi_orphan_push(struct gs_slab *s);
 void gsi_orphan_remove(struct gs_slab *s);
 void gsi_heaps_foreach(void (*fn)(struct gs_heap *, void *), void *arg);
 void gsi_heap_init_once(void);
+struct gs_heap *gsi_heap_detached(void);
+void gsi_heap_detached_put(struct gs_heap *h);
 void gsi_heap_list_remove(struct gs_slab_list *l, struct gs_slab *s);
 void gsi_heap_list_push(struct gs_slab_list *l, struct gs_slab *s);
 

@@ -1,0 +1,222 @@
+/*
+ * Dedicated caches (kmem_cache-like): objects of one size and alignment in
+ * slabs that belong to the cache alone.
+ *
+ * A cache owns its slabs through a heap of its own (a heap id with no
+ * thread), so the slab machinery is shared with malloc: the out-of-band
+ * links, the remote chain (a plain free() of a cache object from any thread
+ * lands there), and the pending chains of gs_cache_free_rcu(). Cache slabs
+ * are never released to other heaps. The cache's lock serialises the owner
+ * work (allocation, gs_cache_free, reclaim); gs_cache_free_rcu() takes no
+ * lock (it is gs_free_rcu()).
+ *
+ * GS_CACHE_TYPESAFE_BY_RCU: an empty slab is not given back to its segment
+ * at once but after a grace period (retire_cookie), so memory a reader may
+ * still reach stays an object of this cache. Objects themselves are reused
+ * at once.
+ *
+ * Locking: c->lock, then (inside slab code) orphan/segment locks. Never
+ * waits for a grace period with c->lock held.
+ */
+#include "alloc/internal.h"
+#include "rcu/internal.h"
+
+#include <errno.h>
+#include <string.h>
+
+struct gs_cache {
+    char name[32];
+    size_t size;               /* object size asked for */
+    size_t align;
+    unsigned flags;
+    unsigned cls;              /* slab geometry */
+    pthread_mutex_t lock;      /* protects everything below */
+    struct gs_heap *heap;      /* owner identity of the cache's slabs */
+    struct gs_slab_list slabs; /* every slab, current first */
+    struct gs_slab *current;   /* slab allocations come from */
+};
+
+static bool slab_ready_locked(struct gs_slab *s)
+{
+    return s->free_head != GS_LINK_END || gsi_slab_collect(s) ||
+           gsi_pending_reclaim_local(s) || gsi_slab_extend(s, 64);
+}
+
+/* TYPESAFE_BY_RCU slabs that emptied wait for wait_cookie before retiring;
+   others retire at once. Called with c->lock held. */
+static void retire_empty_locked(struct gs_cache *c)
+{
+    for (struct gs_slab *s = c->slabs.first, *next; s; s = next) {
+        next = s->next;
+        if (s == c->current || s->used || gsi_slab_has_pending(s))
+            continue;
+        if (c->flags & GS_CACHE_TYPESAFE_BY_RCU) {
+            if (!s->wait_cookie) {
+                s->wait_cookie = gsi_gp_cookie();
+                continue;
+            }
+            if (!gsi_gp_done(s->wait_cookie))
+                continue;
+        }
+        gsi_heap_list_remove(&c->slabs, s);
+        gsi_slab_release(c->heap, s);
+        gsi_slab_retire(s);
+    }
+}
+
+GS_EXPORT struct gs_cache *gs_cache_create(const char *name, size_t size, size_t align,
+                                           unsigned flags)
+{
+    if (align == 0)
+        align = 16;
+    if ((align & (align - 1)) || align > GS_PAGE || size == 0 || size > GS_SMALL_MAX ||
+        (flags & ~GS_CACHE_TYPESAFE_BY_RCU)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    struct gs_heap *me = gsi_heap_get(); /* initialises the class tables */
+    int cls = align <= 16 ? (int)gsi_size_class(size) : gsi_class_aligned(size, align);
+    if (!me || cls < 0) {
+        errno = cls < 0 ? EINVAL : ENOMEM;
+        return NULL;
+    }
+    struct gs_cache *c = gs_calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->heap = gsi_heap_detached();
+    if (!c->heap) {
+        gs_free(c);
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (name)
+        strncpy(c->name, name, sizeof c->name - 1);
+    c->size = size;
+    c->align = align;
+    c->flags = flags;
+    c->cls = (unsigned)cls;
+    pthread_mutex_init(&c->lock, NULL);
+    return c;
+}
+
+GS_EXPORT void *gs_cache_alloc(struct gs_cache *c)
+{
+    pthread_mutex_lock(&c->lock);
+    struct gs_slab *s = c->current;
+    if (!s || !slab_ready_locked(s)) {
+        s = NULL;
+        for (struct gs_slab *t = c->slabs.first; t; t = t->next)
+            if (t != c->current && slab_ready_locked(t)) {
+                s = t;
+                break;
+            }
+        if (!s) {
+            retire_empty_locked(c);
+            s = gsi_slab_new(c->cls);
+            if (!s && (pthread_mutex_unlock(&c->lock), gsi_oom_reclaim())) {
+                pthread_mutex_lock(&c->lock);
+                s = gsi_slab_new(c->cls);
+            } else if (!s) {
+                pthread_mutex_lock(&c->lock);
+            }
+            if (!s) {
+                pthread_mutex_unlock(&c->lock);
+                errno = ENOMEM;
+                return NULL;
+            }
+            s->cache = c;
+            gsi_slab_adopt(c->heap, s);
+            gsi_slab_extend(s, 64);
+            gsi_heap_list_push(&c->slabs, s);
+        }
+        c->current = s;
+        s->wait_cookie = 0;
+    }
+    uint32_t idx = s->free_head;
+    s->free_head = gsi_link_load(s, idx);
+    gsi_link_store(s, idx, GS_LINK_ALLOCATED);
+    s->used++;
+    s->wait_cookie = 0;
+    void *p = s->start + (size_t)idx * s->obj_size;
+    pthread_mutex_unlock(&c->lock);
+    return p;
+}
+
+static struct gs_slab *cache_slab_of(struct gs_cache *c, const void *p, uint32_t *idx,
+                                     const char *call)
+{
+    if (gsi_map_kind((uintptr_t)p) != GS_MAP_SMALL)
+        gsi_fatal(call, "invalid pointer (not allocated by graceslab)", p);
+    struct gs_slab *s = gsi_slab_of(p);
+    if (s->kind != GS_SLAB_SMALL)
+        gsi_fatal(call, "invalid pointer (not allocated by graceslab, or already freed)", p);
+    if (s->cache != c)
+        gsi_fatal(call, "object does not belong to this cache:", p);
+    long i = gsi_slab_index(s, p);
+    if (i < 0)
+        gsi_fatal(call, "invalid pointer (not a block start)", p);
+    *idx = (uint32_t)i;
+    return s;
+}
+
+GS_EXPORT void gs_cache_free(struct gs_cache *c, void *p)
+{
+    if (!p)
+        return;
+    uint32_t idx;
+    struct gs_slab *s = cache_slab_of(c, p, &idx, "gs_cache_free");
+    pthread_mutex_lock(&c->lock);
+    uint16_t v = gsi_link_load(s, idx);
+    if (v != GS_LINK_ALLOCATED) {
+        pthread_mutex_unlock(&c->lock);
+        gsi_bad_free("gs_cache_free", p, v);
+    }
+    gsi_link_store(s, idx, (uint16_t)s->free_head);
+    s->free_head = idx;
+    if (--s->used == 0 && s != c->current)
+        retire_empty_locked(c);
+    pthread_mutex_unlock(&c->lock);
+}
+
+GS_EXPORT void gs_cache_free_rcu(struct gs_cache *c, void *p)
+{
+    if (!p)
+        return;
+    uint32_t idx;
+    cache_slab_of(c, p, &idx, "gs_cache_free_rcu");
+    gsi_free_rcu(p, "gs_cache_free_rcu");
+}
+
+GS_EXPORT void gs_cache_destroy(struct gs_cache *c)
+{
+    if (!c)
+        return;
+    if (gsi_rcu_in_reader())
+        gsi_fatal_msg("gs_cache_destroy", "called inside a read-side critical section");
+    /* One full grace period after the caller's last free: every pending
+       object's cookie is done, and TYPESAFE_BY_RCU readers are gone. */
+    gsi_gp_wait(gsi_gp_cookie());
+    pthread_mutex_lock(&c->lock);
+    size_t live = 0;
+    for (struct gs_slab *s = c->slabs.first; s; s = s->next) {
+        gsi_slab_collect(s);
+        gsi_pending_reclaim_local(s);
+        live += s->used;
+    }
+    if (live) {
+        pthread_mutex_unlock(&c->lock);
+        char what[96] = "destroying cache with live objects: ";
+        strncat(what, c->name, sizeof what - strlen(what) - 1);
+        gsi_fatal_msg("gs_cache_destroy", what);
+    }
+    struct gs_slab *s;
+    while ((s = c->slabs.first)) {
+        gsi_heap_list_remove(&c->slabs, s);
+        gsi_slab_release(c->heap, s);
+        gsi_slab_retire(s);
+    }
+    pthread_mutex_unlock(&c->lock);
+    pthread_mutex_destroy(&c->lock);
+    gsi_heap_detached_put(c->heap);
+    gs_free(c);
+}
