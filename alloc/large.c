@@ -112,6 +112,8 @@ void *gsi_large_alloc(size_t size, size_t align, bool zero)
 {
     if (align < 16)
         align = 16;
+    if (size == 0)
+        size = 1; /* a unique block, inside its own mapping */
     size_t off = object_offset(align);
     if (size > PTRDIFF_MAX - off - GS_PAGE)
         goto fail;
