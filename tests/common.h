@@ -1,0 +1,155 @@
+/*
+ * Helpers shared by the allocator tests (unit and stress): running code in a
+ * forked child with its stderr captured, reading the resident set size,
+ * content patterns, sleeping. Header-only (static functions) so every test
+ * program stays one .c file.
+ */
+#ifndef GS_TESTS_COMMON_H
+#define GS_TESTS_COMMON_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static inline void gst_sleep_ms(long ms)
+{
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0)
+        ;
+}
+
+static inline double gst_now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* What a child run by gst_run_child() did. */
+struct gst_child {
+    int status;      /* from waitpid */
+    char err[4096];  /* everything it wrote to stderr, NUL-terminated */
+    size_t err_len;
+};
+
+/* Runs fn(arg) in a forked child whose stderr goes to a pipe; the child
+   exits 0 if fn returns, and is killed by SIGALRM after 30 s. Returns false
+   if fork or pipe failed. */
+static inline bool gst_run_child(void (*fn)(void *), void *arg, struct gst_child *out)
+{
+    int p[2];
+    if (pipe(p) != 0)
+        return false;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        return false;
+    if (pid == 0) {
+        dup2(p[1], STDERR_FILENO);
+        close(p[0]);
+        close(p[1]);
+        alarm(30);
+        fn(arg);
+        _exit(0);
+    }
+    close(p[1]);
+    size_t n = 0;
+    ssize_t r;
+    while ((r = read(p[0], out->err + n, sizeof out->err - 1 - n)) > 0 ||
+           (r < 0 && errno == EINTR)) {
+        if (r > 0)
+            n += (size_t)r;
+        if (n == sizeof out->err - 1)
+            break;
+    }
+    out->err[n] = 0;
+    out->err_len = n;
+    close(p[0]);
+    while (waitpid(pid, &out->status, 0) < 0 && errno == EINTR)
+        ;
+    return true;
+}
+
+static inline bool gst_child_aborted(const struct gst_child *c)
+{
+    return WIFSIGNALED(c->status) && WTERMSIG(c->status) == SIGABRT;
+}
+
+/* Resident set size of this process in bytes (/proc/self/statm), or 0. */
+static inline size_t gst_rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f)
+        return 0;
+    unsigned long size = 0, resident = 0;
+    int got = fscanf(f, "%lu %lu", &size, &resident);
+    fclose(f);
+    return got == 2 ? resident * (size_t)sysconf(_SC_PAGESIZE) : 0;
+}
+
+/* Same without stdio or malloc: for measurements where the test itself
+   must not allocate. */
+static inline size_t gst_rss_bytes_raw(void)
+{
+    char buf[128];
+    int fd = open("/proc/self/statm", O_RDONLY);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *s = buf;
+    while (*s && *s != ' ')
+        s++;
+    size_t pages = 0;
+    for (s++; *s >= '0' && *s <= '9'; s++)
+        pages = pages * 10 + (size_t)(*s - '0');
+    return pages * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Content patterns: a block of n bytes filled from a seed, checked before
+   it is freed, so that any overlap or reuse of a live block shows. */
+static inline unsigned char gst_pattern_byte(uintptr_t seed, size_t i)
+{
+    return (unsigned char)((seed * 0x9E3779B1u) >> 7 ^ i * 131u ^ (i >> 8));
+}
+
+static inline void gst_fill(void *p, size_t n, uintptr_t seed)
+{
+    unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        b[i] = gst_pattern_byte(seed, i);
+}
+
+/* Index of the first wrong byte, or n if all are right. */
+static inline size_t gst_check(const void *p, size_t n, uintptr_t seed)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        if (b[i] != gst_pattern_byte(seed, i))
+            return i;
+    return n;
+}
+
+/* Small deterministic PRNG (xorshift64*), one state per thread. */
+static inline uint64_t gst_rand(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+#endif /* GS_TESTS_COMMON_H */

@@ -1,0 +1,311 @@
+/*
+ * Bad input (alloc/malloc.c, slab.c, large.c, fatal.c): every misuse runs
+ * in a forked child whose stderr goes to a pipe. The child must die by
+ * SIGABRT after writing exactly one line that starts with
+ * "graceslab: <call>(): " and names the pointer in 0x hex.
+ * Linked with libgraceslab.so like a program.
+ */
+#include <criterion/criterion.h>
+
+#include "graceslab.h"
+#include "../common.h"
+
+#include <malloc.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#pragma GCC diagnostic ignored "-Wfree-nonheap-object"
+#pragma GCC diagnostic ignored "-Wuse-after-free"
+#pragma GCC diagnostic ignored "-Wmismatched-dealloc"
+
+/* A page shared with the children: each records the pointer it misuses
+   there before the fatal call, so the parent knows what to look for. */
+static void *volatile *bad_ptr;
+
+static void setup(void)
+{
+    void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(m, MAP_FAILED);
+    bad_ptr = m;
+}
+
+TestSuite(badinput, .init = setup);
+
+static void *misused(void *p)
+{
+    *bad_ptr = p;
+    return p;
+}
+
+static void expect_abort(void (*fn)(void *), const char *call)
+{
+    struct gst_child c;
+    char prefix[64], hex[32];
+    *bad_ptr = NULL;
+    cr_assert(gst_run_child(fn, NULL, &c), "fork failed");
+    cr_assert(gst_child_aborted(&c), "child did not abort (status %#x); stderr: \"%s\"",
+              c.status, c.err);
+    snprintf(prefix, sizeof prefix, "graceslab: %s(): ", call);
+    cr_assert_eq(strncmp(c.err, prefix, strlen(prefix)), 0,
+                 "stderr does not start with \"%s\": \"%s\"", prefix, c.err);
+    cr_assert(c.err_len > 0 && c.err[c.err_len - 1] == '\n', "no final newline: \"%s\"",
+              c.err);
+    cr_assert_eq(strchr(c.err, '\n'), c.err + c.err_len - 1, "more than one line: \"%s\"",
+                 c.err);
+    cr_assert_not_null(*bad_ptr, "child did not record its pointer");
+    snprintf(hex, sizeof hex, "%#lx", (unsigned long)(uintptr_t)*bad_ptr);
+    /* The pointer as a whole hex word: not a prefix of a longer number. */
+    const char *at = strstr(c.err, hex);
+    cr_assert(at != NULL, "pointer %s not named: \"%s\"", hex, c.err);
+    char after = at[strlen(hex)];
+    cr_assert(!((after >= '0' && after <= '9') || (after >= 'a' && after <= 'f')),
+              "pointer %s not named exactly: \"%s\"", hex, c.err);
+}
+
+/* ---------------------------------------------------------- double free */
+
+static void double_free_small(void *arg)
+{
+    (void)arg;
+    void *keep = malloc(64);
+    void *p = misused(malloc(64));
+    free(p);
+    free(p);
+    free(keep);
+}
+
+static void double_free_small_alone(void *arg)
+{
+    (void)arg;
+    /* The only object of its slab class: the first free may retire the
+       slab. */
+    void *p = misused(malloc(20000));
+    free(p);
+    free(p);
+}
+
+static void double_free_large(void *arg)
+{
+    (void)arg;
+    void *p = misused(malloc(1 << 20));
+    free(p);
+    free(p);
+}
+
+static void double_free_huge(void *arg)
+{
+    (void)arg;
+    void *p = misused(malloc(100 << 20)); /* unmapped at the first free */
+    free(p);
+    free(p);
+}
+
+static void double_free_large_aligned(void *arg)
+{
+    (void)arg;
+    void *p = misused(aligned_alloc(1 << 16, 1 << 20));
+    free(p);
+    free(p);
+}
+
+static void double_free_small_aligned(void *arg)
+{
+    (void)arg;
+    void *keep = aligned_alloc(256, 300);
+    void *p = misused(aligned_alloc(256, 300));
+    free(p);
+    free(p);
+    free(keep);
+}
+
+static void *free_it(void *p)
+{
+    free(p);
+    return NULL;
+}
+
+static void double_free_cross_thread(void *arg)
+{
+    (void)arg;
+    void *keep = malloc(128);
+    void *p = misused(malloc(128));
+    free(p);
+    pthread_t t;
+    pthread_create(&t, NULL, free_it, p); /* remote path */
+    pthread_join(t, NULL);
+    free(keep);
+}
+
+Test(badinput, double_free_small) { expect_abort(double_free_small, "free"); }
+Test(badinput, double_free_small_alone) { expect_abort(double_free_small_alone, "free"); }
+Test(badinput, double_free_small_aligned) { expect_abort(double_free_small_aligned, "free"); }
+Test(badinput, double_free_cross_thread) { expect_abort(double_free_cross_thread, "free"); }
+Test(badinput, double_free_large) { expect_abort(double_free_large, "free"); }
+Test(badinput, double_free_large_aligned) { expect_abort(double_free_large_aligned, "free"); }
+Test(badinput, double_free_huge) { expect_abort(double_free_huge, "free"); }
+
+/* The message says what happened for a plain double free. */
+Test(badinput, double_free_message)
+{
+    struct gst_child c;
+    cr_assert(gst_run_child(double_free_small, NULL, &c));
+    cr_assert(strstr(c.err, "double free") != NULL, "\"%s\"", c.err);
+    cr_assert(gst_run_child(double_free_large, NULL, &c));
+    cr_assert(strstr(c.err, "double free") != NULL, "\"%s\"", c.err);
+}
+
+/* ------------------------------------------------------- foreign pointers */
+
+static char static_array[256];
+
+static void free_stack(void *arg)
+{
+    (void)arg;
+    char local[64];
+    free(misused(local));
+}
+
+static void free_static(void *arg)
+{
+    (void)arg;
+    free(misused(static_array + 16));
+}
+
+static void free_mmap(void *arg)
+{
+    (void)arg;
+    void *m = mmap(NULL, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    free(misused(m));
+}
+
+static void free_mmap_aligned(void *arg)
+{
+    (void)arg;
+    /* A foreign mapping on a 4 MiB boundary, like a segment would be. */
+    char *m = mmap(NULL, 8 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *a = (char *)(((uintptr_t)m + (4 << 20) - 1) & ~(uintptr_t)((4 << 20) - 1));
+    free(misused(a + 4096));
+}
+
+static void free_interior_small(void *arg)
+{
+    (void)arg;
+    char *p = malloc(64);
+    free(misused(p + 16));
+}
+
+static void free_interior_small_odd(void *arg)
+{
+    (void)arg;
+    char *p = malloc(1000);
+    free(misused(p + 1));
+}
+
+static void free_interior_large(void *arg)
+{
+    (void)arg;
+    char *p = malloc(1 << 20);
+    free(misused(p + 4096));
+}
+
+static void free_interior_large_far(void *arg)
+{
+    (void)arg;
+    char *p = malloc(20 << 20);
+    free(misused(p + (9 << 20) + 48));
+}
+
+Test(badinput, free_stack_pointer) { expect_abort(free_stack, "free"); }
+Test(badinput, free_static_array) { expect_abort(free_static, "free"); }
+Test(badinput, free_mmap_pointer) { expect_abort(free_mmap, "free"); }
+Test(badinput, free_mmap_aligned_pointer) { expect_abort(free_mmap_aligned, "free"); }
+Test(badinput, free_interior_small) { expect_abort(free_interior_small, "free"); }
+Test(badinput, free_interior_small_odd) { expect_abort(free_interior_small_odd, "free"); }
+Test(badinput, free_interior_large) { expect_abort(free_interior_large, "free"); }
+Test(badinput, free_interior_large_far) { expect_abort(free_interior_large_far, "free"); }
+
+/* ---------------------------------------------------------------- realloc */
+
+static void realloc_freed_small(void *arg)
+{
+    (void)arg;
+    void *keep = malloc(64);
+    void *p = misused(malloc(64));
+    free(p);
+    p = realloc(p, 200);
+    free(keep);
+}
+
+static void realloc_freed_large(void *arg)
+{
+    (void)arg;
+    void *p = misused(malloc(1 << 20));
+    free(p);
+    p = realloc(p, 2 << 20);
+}
+
+static void realloc_foreign(void *arg)
+{
+    (void)arg;
+    char local[64];
+    void *p = realloc(misused(local), 100);
+    (void)p;
+}
+
+static void realloc_interior(void *arg)
+{
+    (void)arg;
+    char *p = malloc(256);
+    void *q = realloc(misused(p + 32), 1000);
+    (void)q;
+}
+
+static void realloc_zero_freed(void *arg)
+{
+    (void)arg;
+    void *keep = malloc(64);
+    void *p = misused(malloc(64));
+    free(p);
+    p = realloc(p, 0); /* realloc(p, 0) frees: a double free */
+    free(keep);
+}
+
+Test(badinput, realloc_freed_small) { expect_abort(realloc_freed_small, "realloc"); }
+Test(badinput, realloc_freed_large) { expect_abort(realloc_freed_large, "realloc"); }
+Test(badinput, realloc_foreign) { expect_abort(realloc_foreign, "realloc"); }
+Test(badinput, realloc_interior) { expect_abort(realloc_interior, "realloc"); }
+Test(badinput, realloc_zero_of_freed) { expect_abort(realloc_zero_freed, "realloc"); }
+
+/* ------------------------------------------------------------ usable size */
+
+static void usable_size_foreign(void *arg)
+{
+    (void)arg;
+    char local[16];
+    size_t n = malloc_usable_size(misused(local));
+    (void)n;
+}
+
+Test(badinput, usable_size_foreign) { expect_abort(usable_size_foreign, "malloc_usable_size"); }
+
+/* ------------------------------------------------------- good input lives */
+
+static void good_input(void *arg)
+{
+    (void)arg;
+    free(NULL);
+    void *p = realloc(NULL, 10);
+    p = realloc(p, 0);
+    free(p);
+    free_it(malloc(1 << 20));
+}
+
+Test(badinput, valid_calls_do_not_abort)
+{
+    struct gst_child c;
+    cr_assert(gst_run_child(good_input, NULL, &c));
+    cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0, "status %#x: %s", c.status,
+              c.err);
+    cr_assert_eq(c.err_len, 0, "unexpected stderr: %s", c.err);
+}

@@ -1,0 +1,228 @@
+/*
+ * Thread heaps (alloc/heap.c): one heap per thread, pooled at thread exit,
+ * abandoned slabs orphaned and adopted, empty slabs retired, fork.
+ * Linked with the static archive.
+ */
+#include <criterion/criterion.h>
+
+#include "alloc/internal.h"
+#include "../common.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+static void run_thread(void *(*fn)(void *), void *arg)
+{
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, fn, arg), 0);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+}
+
+static void count_heap(struct gs_heap *h, void *arg)
+{
+    size_t *n = arg;
+    n[0]++;
+    if (h->live)
+        n[1]++;
+}
+
+/* n[0]: heaps ever made, n[1]: live heaps. */
+static void count_heaps(size_t n[2])
+{
+    n[0] = n[1] = 0;
+    gsi_heaps_foreach(count_heap, n);
+}
+
+static void *record_heap(void *arg)
+{
+    void *p = malloc(32);
+    *(struct gs_heap **)arg = gsi_tls_heap;
+    free(p);
+    return NULL;
+}
+
+Test(heap, one_heap_per_thread)
+{
+    free(malloc(32));
+    struct gs_heap *mine = gsi_tls_heap;
+    cr_assert_neq(mine, &gsi_empty_heap, "malloc did not give the thread a heap");
+    cr_assert(mine->live);
+    struct gs_heap *other = NULL;
+    pthread_t t;
+    /* While the other thread is alive its heap must differ from mine. */
+    cr_assert_eq(pthread_create(&t, NULL, record_heap, &other), 0);
+    pthread_join(t, NULL);
+    cr_assert_not_null(other);
+    cr_assert_neq(other, mine);
+    cr_assert_neq(other->id, mine->id);
+    cr_assert_not(other->live, "heap of an exited thread still live");
+}
+
+/* Heaps of exited threads are pooled and reused: a thousand short threads
+   in sequence make at most a couple of heaps. */
+Test(heap, heaps_pooled_at_thread_exit)
+{
+    free(malloc(16));
+    size_t n0[2], n1[2];
+    count_heaps(n0);
+    for (int i = 0; i < 1000; i++) {
+        struct gs_heap *h;
+        run_thread(record_heap, &h);
+    }
+    count_heaps(n1);
+    cr_assert_leq(n1[0], n0[0] + 1, "%zu heaps made by 1000 sequential threads", n1[0] - n0[0]);
+    cr_assert_eq(n1[1], n0[1], "live heaps %zu, were %zu", n1[1], n0[1]);
+}
+
+struct leaver {
+    void *ptrs[3000];
+    int n;
+};
+
+static void *leave_objects(void *arg)
+{
+    struct leaver *l = arg;
+    /* Allocate some, free every other one, exit with the rest live. */
+    for (int i = 0; i < 3000; i++)
+        l->ptrs[i] = malloc(96);
+    for (int i = 0; i < 3000; i += 2)
+        free(l->ptrs[i]);
+    l->n = 3000;
+    return NULL;
+}
+
+static void count_slab_class(struct gs_slab *s, void *arg)
+{
+    size_t *n = arg;
+    if (s->cls == gsi_size_class(96))
+        n[0]++;
+    if (GS_X_OWNER(atomic_load(&s->xstate)) == 0)
+        n[1]++;
+}
+
+/* A thread exits with live objects in slabs that also hold free objects:
+   those slabs become ownerless orphans; frees from this thread adopt them,
+   and once everything is freed the slabs are retired. */
+Test(heap, exited_thread_slabs_orphaned_adopted_retired)
+{
+    static struct leaver l;
+    size_t before[2] = {0, 0}, after[2] = {0, 0};
+    gsi_segments_foreach(count_slab_class, before);
+    run_thread(leave_objects, &l);
+    for (int i = 1; i < l.n; i += 2) {
+        struct gs_slab *s = gsi_slab_of(l.ptrs[i]);
+        cr_assert_eq(s->kind, GS_SLAB_SMALL);
+        uint32_t owner = GS_X_OWNER(atomic_load(&s->xstate));
+        cr_assert(owner == 0 || owner == gsi_tls_heap->id,
+                  "slab of an exited thread owned by heap %u", owner);
+    }
+    for (int i = 1; i < l.n; i += 2) {
+        struct gs_slab *s = gsi_slab_of(l.ptrs[i]);
+        free(l.ptrs[i]);
+        if (s->kind == GS_SLAB_SMALL)
+            cr_assert_eq(GS_X_OWNER(atomic_load(&s->xstate)), gsi_tls_heap->id,
+                         "free into an orphan did not adopt it");
+    }
+    gsi_segments_foreach(count_slab_class, after);
+    cr_assert_leq(after[0], before[0] + 1, "class slabs: %zu before, %zu after", before[0],
+                  after[0]);
+}
+
+/* Orphans with free objects are adopted by refills in other heaps rather
+   than mapping new slabs. */
+static void *allocate_after(void *arg)
+{
+    void **out = arg;
+    for (int i = 0; i < 1000; i++)
+        out[i] = malloc(96);
+    return NULL;
+}
+
+Test(heap, refill_adopts_orphans)
+{
+    static struct leaver l;
+    static void *more[1000];
+    run_thread(leave_objects, &l);
+    struct gs_stats st0, st1;
+    gs_stats_get(&st0);
+    run_thread(allocate_after, more);
+    gs_stats_get(&st1);
+    /* 1000 objects fit in the 1500 freed slots of the orphaned slabs. */
+    cr_assert_leq(st1.slabs, st0.slabs, "refill mapped %zu new slabs instead of adopting",
+                  st1.slabs - st0.slabs);
+    for (int i = 0; i < 1000; i++)
+        free(more[i]);
+    for (int i = 1; i < l.n; i += 2)
+        free(l.ptrs[i]);
+}
+
+/* An empty slab that is not the active one is retired at once; the active
+   one is kept (no map/unmap per malloc/free pair). */
+Test(heap, empty_slabs_retired_active_kept)
+{
+    enum { N = 5000 };
+    static void *p[N];
+    unsigned cls = gsi_size_class(700);
+    for (int i = 0; i < N; i++)
+        p[i] = malloc(700);
+    struct gs_slab *active = gsi_tls_heap->active[cls];
+    cr_assert_eq(gsi_slab_of(p[N - 1]), active);
+    for (int i = 0; i < N; i++)
+        free(p[i]);
+    cr_assert_eq(gsi_tls_heap->active[cls], active, "active slab dropped when empty");
+    cr_assert_eq(active->used, 0);
+    /* Other code (Criterion) may own live objects of this class: only
+       the empty slabs must be gone. */
+    for (struct gs_slab *s = gsi_tls_heap->partial[cls].first; s; s = s->next)
+        cr_assert_neq(s->used, 0, "empty slab left on the partial list");
+    void *q = malloc(700);
+    cr_assert_eq(gsi_slab_of(q), active);
+    free(q);
+}
+
+/* fork: in the child, the heaps of threads that did not survive are no
+   longer live, the locks are usable, and allocation works. */
+static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *hold_heap(void *arg)
+{
+    (void)arg;
+    void *p = malloc(64);
+    pthread_mutex_lock(&hold_lock);
+    pthread_mutex_unlock(&hold_lock);
+    free(p);
+    return NULL;
+}
+
+static void fork_child(void *arg)
+{
+    (void)arg;
+    size_t n[2];
+    count_heaps(n);
+    if (n[1] != 1)
+        _exit(10);
+    void *ptrs[1000];
+    for (int i = 0; i < 1000; i++)
+        if (!(ptrs[i] = malloc((size_t)i * 37 % 5000 + 1)))
+            _exit(11);
+    for (int i = 0; i < 1000; i++)
+        free(ptrs[i]);
+    _exit(0);
+}
+
+Test(heap, fork_abandons_other_threads_heaps)
+{
+    free(malloc(64));
+    pthread_t t;
+    pthread_mutex_lock(&hold_lock);
+    cr_assert_eq(pthread_create(&t, NULL, hold_heap, NULL), 0);
+    gst_sleep_ms(20);
+    size_t n[2];
+    count_heaps(n);
+    cr_assert_geq(n[1], 2);
+    struct gst_child c;
+    cr_assert(gst_run_child(fork_child, NULL, &c));
+    pthread_mutex_unlock(&hold_lock);
+    pthread_join(t, NULL);
+    cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0,
+              "child status %#x (10: other heaps still live), stderr: %s", c.status, c.err);
+}

@@ -1,0 +1,170 @@
+/*
+ * Large blocks (alloc/large.c): header lookup from any interior pointer
+ * (including the far walk in huge blocks), alignment, the bounded cache,
+ * realloc by mremap, accounting. Linked with the static archive.
+ */
+#include <criterion/criterion.h>
+
+#include "alloc/internal.h"
+#include "../common.h"
+
+#include <stdlib.h>
+
+static void init(void)
+{
+    gsi_large_trim(true); /* start each test with an empty cache */
+}
+
+TestSuite(large, .init = init);
+
+Test(large, header_found_from_interior_pointers)
+{
+    static const size_t sizes[] = {GS_SMALL_MAX + 1, 100000, 1 << 20, (4 << 20) + 1,
+                                   (9 << 20) + 12345};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t size = sizes[i];
+        char *p = malloc(size);
+        cr_assert_not_null(p);
+        cr_assert_eq((uintptr_t)p % 16, 0);
+        cr_assert_geq(gsi_map_kind((uintptr_t)p), GS_MAP_LARGE, "size %zu not large", size);
+        struct gs_large *b = gsi_large_of(p);
+        cr_assert_not_null(b);
+        cr_assert_eq((uintptr_t)b & GS_SEGMENT_MASK, 0, "block not 4 MiB aligned");
+        cr_assert_eq(b->magic, GS_LARGE_MAGIC);
+        cr_assert_eq(b->user, p);
+        cr_assert_geq(b->usable, size);
+        cr_assert_eq(b->map_len % GS_PAGE, 0);
+        cr_assert_leq((char *)p + b->usable, (char *)b + b->map_len);
+        cr_assert_eq(gs_usable_size(p), b->usable);
+        for (size_t off = 0; off < size; off += 65536 + 7)
+            cr_assert_eq(gsi_large_of(p + off), b, "size %zu: +%zu not found", size, off);
+        cr_assert_eq(gsi_large_of(p + size - 1), b);
+        cr_assert_eq(gsi_large_of((char *)b + b->map_len), NULL, "past the end resolves");
+        p[0] = 1;
+        p[size - 1] = 2;
+        free(p);
+    }
+}
+
+/* A block above 1 GiB spans more than GS_MAP_FAR 4 MiB units: pointers far
+   inside it need the walk back. */
+Test(large, huge_block_far_lookup)
+{
+    size_t size = (size_t)1536 << 20;
+    char *p = malloc(size);
+    cr_assert_not_null(p);
+    struct gs_large *b = gsi_large_of(p);
+    cr_assert_not_null(b);
+    cr_assert_eq(b->user, p);
+    for (size_t off = 0; off < size; off += (size_t)37 << 20)
+        cr_assert_eq(gsi_large_of(p + off), b, "+%zu MiB not found", off >> 20);
+    cr_assert_eq(gsi_large_of(p + size - 1), b);
+    p[size - 1] = 1;
+    free(p);
+    /* Far above the cache limit: unmapped at once, the map forgets it. */
+    cr_assert_eq(gsi_map_kind((uintptr_t)p), 0);
+    cr_assert_eq(gsi_map_kind((uintptr_t)p + size - 1), 0);
+}
+
+Test(large, alignment_beyond_classes)
+{
+    for (size_t align = 2 * GS_PAGE; align <= ((size_t)64 << 20); align *= 4) {
+        char *p = aligned_alloc(align, 100);
+        cr_assert_not_null(p, "align %zu", align);
+        cr_assert_eq((uintptr_t)p % align, 0, "align %zu: %p", align, p);
+        struct gs_large *b = gsi_large_of(p);
+        cr_assert_not_null(b);
+        cr_assert_eq(b->user, p);
+        cr_assert_geq(gs_usable_size(p), 100);
+        free(p);
+    }
+}
+
+/* Freed blocks are cached (bounded) and reused; trimming unmaps them. */
+Test(large, cache_reuse_bounded_and_trimmed)
+{
+    enum { N = 40 };
+    void *p[N];
+    void *a = malloc(1 << 20);
+    struct gs_large *b = gsi_large_of(a);
+    free(a);
+    cr_assert_eq(gsi_large_cached_bytes(), b->map_len, "freed block not cached");
+    void *again = malloc(1 << 20);
+    cr_assert_eq(gsi_large_of(again), b, "cached block not reused");
+    cr_assert_eq(gsi_large_cached_bytes(), 0);
+    free(again);
+    for (int i = 0; i < N; i++)
+        p[i] = malloc(1 << 20);
+    for (int i = 0; i < N; i++)
+        free(p[i]);
+    /* At most 16 entries and GRACESLAB_LARGE_CACHE_MB (64 MiB). */
+    cr_assert_leq(gsi_large_cached_bytes(), 16 * ((1 << 20) + GS_PAGE),
+                  "cache holds %zu bytes", gsi_large_cached_bytes());
+    struct gs_stats st0, st1;
+    gs_stats_get(&st0);
+    size_t trimmed = gsi_large_trim(true);
+    gs_stats_get(&st1);
+    cr_assert_gt(trimmed, 0);
+    cr_assert_eq(gsi_large_cached_bytes(), 0);
+    cr_assert_eq(st0.mapped_bytes - st1.mapped_bytes, trimmed);
+}
+
+/* A block above half the cache limit is unmapped at free. */
+Test(large, big_blocks_unmapped_at_free)
+{
+    struct gs_stats st0, st1, st2;
+    gs_stats_get(&st0);
+    char *p = malloc(40 << 20);
+    gs_stats_get(&st1);
+    cr_assert_geq(st1.mapped_bytes - st0.mapped_bytes, (size_t)40 << 20);
+    cr_assert_geq(st1.large_bytes - st0.large_bytes, (size_t)40 << 20);
+    free(p);
+    gs_stats_get(&st2);
+    cr_assert_eq(st2.mapped_bytes, st0.mapped_bytes);
+    cr_assert_eq(st2.large_bytes, st0.large_bytes);
+    cr_assert_eq(gsi_large_cached_bytes(), 0);
+}
+
+/* realloc of large blocks: grow (in place or moved by mremap) and shrink
+   keep the contents and the map consistent. */
+Test(large, realloc_keeps_contents_and_map)
+{
+    size_t size = 300000;
+    char *p = malloc(size);
+    gst_fill(p, size, 42);
+    char *blocker = malloc(100000); /* often right after p: forces a move */
+    for (size_t next = size * 3; next < ((size_t)64 << 20); next *= 3) {
+        char *q = realloc(p, next);
+        cr_assert_not_null(q);
+        cr_assert_eq(gst_check(q, size, 42), size, "grow to %zu lost contents", next);
+        struct gs_large *b = gsi_large_of(q);
+        cr_assert_not_null(b);
+        cr_assert_eq(b->user, q);
+        cr_assert_geq(b->usable, next);
+        cr_assert_eq(gsi_large_of(q + next - 1), b);
+        if (q != p && (((uintptr_t)p ^ (uintptr_t)q) >> GS_SEGMENT_SHIFT))
+            cr_assert_null(gsi_large_of(p), "old place of a moved block still mapped");
+        memset(q + size, 0x5a, next - size);
+        gst_fill(q, size, 42);
+        p = q;
+    }
+    char *q = realloc(p, size);
+    cr_assert_not_null(q);
+    cr_assert_eq(gst_check(q, size, 42), size, "shrink lost contents");
+    struct gs_large *b = gsi_large_of(q);
+    cr_assert_leq(b->map_len, size + 2 * GS_PAGE + 64, "shrink kept %zu bytes", b->map_len);
+    free(q);
+    free(blocker);
+}
+
+/* Shrinking a large block to a small size moves it into a slab. */
+Test(large, realloc_to_small)
+{
+    char *p = malloc(100000);
+    gst_fill(p, 100, 7);
+    char *q = realloc(p, 100);
+    cr_assert_not_null(q);
+    cr_assert_eq(gsi_map_kind((uintptr_t)q), GS_MAP_SMALL);
+    cr_assert_eq(gst_check(q, 100, 7), 100);
+    free(q);
+}

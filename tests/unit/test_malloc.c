@@ -1,0 +1,486 @@
+/*
+ * glibc malloc semantics, one by one, through the exported names
+ * (alloc/malloc.c). Linked with libgraceslab.so like a program; built with
+ * -fno-builtin so every call reaches the allocator.
+ */
+#include <criterion/criterion.h>
+
+#include "graceslab.h"
+#include "../common.h"
+
+#include <malloc.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The point of several tests is to pass impossible sizes and to look at a
+   block after a realloc that must have failed. */
+#pragma GCC diagnostic ignored "-Walloc-size-larger-than="
+#pragma GCC diagnostic ignored "-Wuse-after-free"
+
+/* Not declared by every libc version. */
+void free_sized(void *p, size_t size);
+void free_aligned_sized(void *p, size_t alignment, size_t size);
+void *reallocarray(void *p, size_t n, size_t size);
+void *__libc_malloc(size_t size);
+void __libc_free(void *p);
+void *__libc_calloc(size_t n, size_t size);
+void *__libc_realloc(void *p, size_t size);
+void *__libc_memalign(size_t alignment, size_t size);
+void cfree(void *p);
+
+#define TOO_BIG ((size_t)PTRDIFF_MAX + 1)
+#define PAGE ((size_t)sysconf(_SC_PAGESIZE))
+
+static size_t live_bytes(void)
+{
+    struct gs_stats st;
+    gs_stats_get(&st);
+    return st.allocated_bytes;
+}
+
+/* ------------------------------------------------------------ malloc */
+
+Test(malloc, zero_size_unique_non_null)
+{
+    enum { N = 200 };
+    void *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = malloc(0);
+        cr_assert_not_null(p[i]);
+        for (int j = 0; j < i; j++)
+            cr_assert_neq(p[i], p[j], "malloc(0) returned %p twice", p[i]);
+    }
+    for (int i = 0; i < N; i++)
+        free(p[i]);
+}
+
+/* Every size from 0 to 64 KiB, then large ones: 16-aligned, usable size
+   at least the request, the whole usable range writable. */
+Test(malloc, alignment_and_usable_size_every_size)
+{
+    for (size_t size = 0; size <= 65536; size++) {
+        unsigned char *p = malloc(size);
+        cr_assert_not_null(p, "malloc(%zu)", size);
+        cr_assert_eq((uintptr_t)p % 16, 0, "malloc(%zu) = %p", size, p);
+        size_t u = malloc_usable_size(p);
+        cr_assert_geq(u, size, "malloc_usable_size %zu < %zu", u, size);
+        if (u) {
+            p[0] = 1;
+            p[u - 1] = 2;
+        }
+        free(p);
+    }
+    static const size_t large[] = {(1 << 20) - 1, 1 << 20, (5 << 20) + 3, (100 << 20) + 1};
+    for (size_t i = 0; i < sizeof large / sizeof large[0]; i++) {
+        unsigned char *p = malloc(large[i]);
+        cr_assert_not_null(p);
+        cr_assert_eq((uintptr_t)p % 16, 0);
+        cr_assert_geq(malloc_usable_size(p), large[i]);
+        p[large[i] - 1] = 1;
+        free(p);
+    }
+    cr_assert_eq(malloc_usable_size(NULL), 0);
+}
+
+/* Live blocks of all sizes hold their contents up to the usable size. */
+Test(malloc, blocks_hold_contents)
+{
+    enum { N = 3000 };
+    static unsigned char *p[N];
+    uint64_t rng = 1;
+    for (int i = 0; i < N; i++) {
+        size_t size = gst_rand(&rng) % 70000;
+        p[i] = malloc(size);
+        gst_fill(p[i], malloc_usable_size(p[i]), (uintptr_t)i);
+    }
+    for (int i = 0; i < N; i++) {
+        size_t u = malloc_usable_size(p[i]);
+        cr_assert_eq(gst_check(p[i], u, (uintptr_t)i), u, "block %d corrupted", i);
+        free(p[i]);
+    }
+}
+
+Test(malloc, failures_return_null_enomem)
+{
+    errno = 0;
+    cr_assert_null(malloc(TOO_BIG));
+    cr_assert_eq(errno, ENOMEM);
+    errno = 0;
+    cr_assert_null(malloc(SIZE_MAX));
+    cr_assert_eq(errno, ENOMEM);
+    errno = 0;
+    cr_assert_null(malloc(PTRDIFF_MAX));
+    cr_assert_eq(errno, ENOMEM);
+    errno = 0;
+    cr_assert_null(malloc(SIZE_MAX - 4096));
+    cr_assert_eq(errno, ENOMEM);
+    errno = 0;
+    cr_assert_null(calloc(SIZE_MAX / 2, 3), "calloc overflow");
+    cr_assert_eq(errno, ENOMEM);
+    errno = 0;
+    cr_assert_null(calloc((size_t)1 << 32, (size_t)1 << 32), "calloc overflow to 0");
+    cr_assert_eq(errno, ENOMEM);
+    errno = 0;
+    cr_assert_null(calloc(1, TOO_BIG));
+    cr_assert_eq(errno, ENOMEM);
+    errno = 0;
+    cr_assert_null(reallocarray(NULL, SIZE_MAX / 2, 3));
+    cr_assert_eq(errno, ENOMEM);
+    errno = 0;
+    cr_assert_null(aligned_alloc(64, SIZE_MAX));
+    cr_assert_eq(errno, ENOMEM);
+    errno = 0;
+    cr_assert_null(aligned_alloc(1 << 20, TOO_BIG));
+    cr_assert_eq(errno, ENOMEM);
+    errno = 0;
+    cr_assert_null(memalign(4096, SIZE_MAX - 100));
+    cr_assert_eq(errno, ENOMEM);
+    errno = 0;
+    cr_assert_null(valloc(SIZE_MAX));
+    cr_assert_eq(errno, ENOMEM);
+    errno = 0;
+    cr_assert_null(pvalloc(SIZE_MAX - 100), "pvalloc rounding overflow");
+    cr_assert_eq(errno, ENOMEM);
+    errno = 0;
+    cr_assert_null(pvalloc(TOO_BIG));
+    cr_assert_eq(errno, ENOMEM);
+    void *out = (void *)0x1234;
+    cr_assert_eq(posix_memalign(&out, 64, SIZE_MAX), ENOMEM);
+    cr_assert_eq(out, (void *)0x1234, "posix_memalign touched *p on failure");
+}
+
+/* ------------------------------------------------------------ free */
+
+static void *free_in_thread(void *arg)
+{
+    errno = 4321;
+    free(arg);
+    return (void *)(intptr_t)errno;
+}
+
+Test(malloc, free_preserves_errno)
+{
+    void *small = malloc(40), *large = malloc(1 << 20), *big = malloc(64 << 20);
+    void *keep = malloc(40);
+    errno = 1234;
+    free(NULL);
+    cr_assert_eq(errno, 1234);
+    free(small);
+    cr_assert_eq(errno, 1234, "free of a small block changed errno");
+    free(large);
+    cr_assert_eq(errno, 1234, "free of a large block changed errno");
+    free(big); /* unmapped at once */
+    cr_assert_eq(errno, 1234, "free of an unmapped large block changed errno");
+    /* A free from another thread (remote path). */
+    pthread_t t;
+    void *ret;
+    pthread_create(&t, NULL, free_in_thread, keep);
+    pthread_join(t, &ret);
+    cr_assert_eq((intptr_t)ret, 4321, "remote free changed errno");
+}
+
+/* ------------------------------------------------------------ realloc */
+
+Test(malloc, realloc_null_is_malloc)
+{
+    size_t before = live_bytes();
+    char *p = realloc(NULL, 100);
+    cr_assert_not_null(p);
+    cr_assert_eq((uintptr_t)p % 16, 0);
+    cr_assert_geq(malloc_usable_size(p), 100);
+    cr_assert_geq(live_bytes(), before + 100);
+    free(p);
+    p = realloc(NULL, 0);
+    cr_assert_not_null(p, "realloc(NULL, 0) is malloc(0)");
+    free(p);
+}
+
+Test(malloc, realloc_zero_frees_and_returns_null)
+{
+    static const size_t sizes[] = {1, 100, 5000, 1 << 20};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        void *keep = malloc(sizes[i]); /* the slab stays */
+        size_t before = live_bytes();
+        void *p = malloc(sizes[i]);
+        cr_assert_gt(live_bytes(), before);
+        errno = 0;
+        cr_assert_null(realloc(p, 0));
+        cr_assert_eq(live_bytes(), before, "realloc(p, 0) did not free p (size %zu)", sizes[i]);
+        free(keep);
+    }
+}
+
+Test(malloc, failed_realloc_leaves_block_intact)
+{
+    static const size_t sizes[] = {10, 1000, 30000, 100000, 5 << 20};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t size = sizes[i];
+        unsigned char *p = malloc(size);
+        gst_fill(p, size, size);
+        errno = 0;
+        cr_assert_null(realloc(p, TOO_BIG));
+        cr_assert_eq(errno, ENOMEM);
+        errno = 0;
+        cr_assert_null(realloc(p, SIZE_MAX - 64));
+        cr_assert_eq(errno, ENOMEM);
+        errno = 0;
+        cr_assert_null(reallocarray(p, SIZE_MAX / 4, 5));
+        cr_assert_eq(errno, ENOMEM);
+        cr_assert_eq(malloc_usable_size(p) >= size, 1);
+        cr_assert_eq(gst_check(p, size, size), size, "size %zu: contents changed", size);
+        free(p);
+    }
+}
+
+Test(malloc, realloc_within_usable_does_not_move)
+{
+    static const size_t sizes[] = {1, 17, 100, 1000, 4000, 32768, 40000, 1 << 20};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        char *p = malloc(sizes[i]);
+        size_t u = malloc_usable_size(p);
+        gst_fill(p, sizes[i], 3);
+        cr_assert_eq(realloc(p, u), p, "realloc to usable size %zu moved (size %zu)", u,
+                     sizes[i]);
+        cr_assert_eq(realloc(p, sizes[i] + (u - sizes[i]) / 2), p);
+        cr_assert_eq(gst_check(p, sizes[i], 3), sizes[i]);
+        free(p);
+    }
+}
+
+Test(malloc, realloc_moves_keep_contents)
+{
+    uint64_t rng = 7;
+    size_t size = 1;
+    unsigned char *p = malloc(size);
+    gst_fill(p, size, 99);
+    for (int i = 0; i < 300; i++) {
+        size_t next = 1 + gst_rand(&rng) % (i % 10 == 9 ? (4 << 20) : 70000);
+        unsigned char *q = realloc(p, next);
+        cr_assert_not_null(q);
+        size_t keep = size < next ? size : next;
+        cr_assert_eq(gst_check(q, keep, 99), keep, "realloc %zu -> %zu lost contents", size,
+                     next);
+        gst_fill(q, next, 99);
+        p = q;
+        size = next;
+    }
+    free(p);
+}
+
+Test(malloc, reallocarray_works)
+{
+    int *a = reallocarray(NULL, 10, sizeof(int));
+    cr_assert_not_null(a);
+    for (int i = 0; i < 10; i++)
+        a[i] = i;
+    a = reallocarray(a, 1000, sizeof(int));
+    cr_assert_not_null(a);
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(a[i], i);
+    free(a);
+}
+
+/* ------------------------------------------------------------ aligned */
+
+Test(malloc, posix_memalign_bad_alignment)
+{
+    static const size_t bad[] = {0, 1, 2, 4, 3, 12, 24, 48, 100, 4097, ((size_t)1 << 63) + 8};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        void *p = (void *)0x5678;
+        errno = 77;
+        cr_assert_eq(posix_memalign(&p, bad[i], 16), EINVAL, "alignment %zu", bad[i]);
+        cr_assert_eq(p, (void *)0x5678, "alignment %zu: *p touched", bad[i]);
+        cr_assert_eq(errno, 77, "posix_memalign set errno");
+    }
+    static const size_t bad_aligned_alloc[] = {0, 3, 24, 48, 100, 4097};
+    for (size_t i = 0; i < sizeof bad_aligned_alloc / sizeof bad_aligned_alloc[0]; i++) {
+        errno = 0;
+        cr_assert_null(aligned_alloc(bad_aligned_alloc[i], 64));
+        cr_assert_eq(errno, EINVAL, "aligned_alloc(%zu)", bad_aligned_alloc[i]);
+    }
+}
+
+static void check_aligned(void *p, size_t align, size_t size, const char *what)
+{
+    cr_assert_not_null(p, "%s(%zu, %zu)", what, align, size);
+    cr_assert_eq((uintptr_t)p % align, 0, "%s(%zu, %zu) = %p", what, align, size, p);
+    size_t u = malloc_usable_size(p);
+    cr_assert_geq(u, size, "%s(%zu, %zu): usable %zu", what, align, size, u);
+    if (size) {
+        ((char *)p)[0] = 1;
+        ((char *)p)[size - 1] = 1;
+    }
+}
+
+/* Every power-of-two alignment from 16 to 64 MiB, through every API. */
+Test(malloc, aligned_every_alignment)
+{
+    for (size_t align = 16; align <= ((size_t)64 << 20); align *= 2) {
+        size_t sizes[] = {1, 100, align - 1, align, align + 1, 3 * align / 2, 40000};
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            size_t size = sizes[i];
+            void *p = aligned_alloc(align, size);
+            check_aligned(p, align, size, "aligned_alloc");
+            void *q = memalign(align, size);
+            check_aligned(q, align, size, "memalign");
+            void *r = (void *)1;
+            cr_assert_eq(posix_memalign(&r, align, size), 0);
+            check_aligned(r, align, size, "posix_memalign");
+            cr_assert_neq(p, q);
+            cr_assert_neq(q, r);
+            free(p);
+            free(q);
+            free(r);
+        }
+    }
+    /* posix_memalign also takes 8 (sizeof(void *)). */
+    void *p;
+    cr_assert_eq(posix_memalign(&p, 8, 24), 0);
+    check_aligned(p, 8, 24, "posix_memalign");
+    free(p);
+}
+
+/* Size 0 with any alignment: a unique pointer that can be freed. */
+Test(malloc, aligned_zero_size_every_alignment)
+{
+    for (size_t align = 16; align <= ((size_t)64 << 20); align *= 2) {
+        void *p = aligned_alloc(align, 0);
+        check_aligned(p, align, 0, "aligned_alloc");
+        void *q = memalign(align, 0);
+        check_aligned(q, align, 0, "memalign");
+        void *r = NULL;
+        cr_assert_eq(posix_memalign(&r, align, 0), 0);
+        check_aligned(r, align, 0, "posix_memalign");
+        cr_assert(p != q && q != r && p != r, "align %zu: size-0 blocks not unique", align);
+        free(p);
+        free(q);
+        free(r);
+    }
+}
+
+Test(malloc, memalign_rounds_odd_alignment)
+{
+    void *p = memalign(24, 100);
+    check_aligned(p, 32, 100, "memalign");
+    free(p);
+    p = memalign(0, 100);
+    check_aligned(p, 16, 100, "memalign");
+    free(p);
+    p = __libc_memalign(3000, 10);
+    check_aligned(p, 4096, 10, "__libc_memalign");
+    free(p);
+}
+
+Test(malloc, valloc_pvalloc)
+{
+    static const size_t sizes[] = {0, 1, 100, 4095, 4096, 4097, 100000, 3 << 20};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t size = sizes[i];
+        void *v = valloc(size);
+        check_aligned(v, PAGE, size, "valloc");
+        void *pv = pvalloc(size);
+        size_t rounded = size ? (size + PAGE - 1) / PAGE * PAGE : PAGE;
+        check_aligned(pv, PAGE, rounded, "pvalloc");
+        free(v);
+        free(pv);
+    }
+}
+
+Test(malloc, aligned_blocks_hold_contents)
+{
+    enum { N = 400 };
+    static unsigned char *p[N];
+    static size_t sz[N];
+    for (int i = 0; i < N; i++) {
+        size_t align = (size_t)16 << (i % 12);
+        sz[i] = (size_t)(i * 97) % 20000 + 1;
+        p[i] = aligned_alloc(align, sz[i]);
+        cr_assert_eq((uintptr_t)p[i] % align, 0);
+        gst_fill(p[i], sz[i], (uintptr_t)i);
+    }
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(gst_check(p[i], sz[i], (uintptr_t)i), sz[i], "aligned block %d corrupted", i);
+        free(p[i]);
+    }
+}
+
+/* ------------------------------------------------------------ other names */
+
+Test(malloc, free_sized_and_free_aligned_sized)
+{
+    size_t before = live_bytes();
+    void *p = malloc(100), *q = aligned_alloc(256, 1000), *r = malloc(1 << 20);
+    void *s = aligned_alloc(1 << 16, 5);
+    cr_assert_gt(live_bytes(), before);
+    free_sized(p, 100);
+    free_aligned_sized(q, 256, 1000);
+    free_sized(r, 1 << 20);
+    free_aligned_sized(s, 1 << 16, 5);
+    free_sized(NULL, 0);
+    cr_assert_eq(live_bytes(), before, "free_sized/free_aligned_sized did not free");
+}
+
+/* glibc's internal names are graceslab's too: gs_usable_size() would abort
+   on a glibc pointer. */
+Test(malloc, libc_aliases_are_graceslab)
+{
+    size_t before = live_bytes();
+    char *p = __libc_malloc(100);
+    cr_assert_not_null(p);
+    cr_assert_geq(gs_usable_size(p), 100);
+    cr_assert_gt(live_bytes(), before);
+    char *z = __libc_calloc(10, 10);
+    for (int i = 0; i < 100; i++)
+        cr_assert_eq(z[i], 0);
+    memset(p, 'x', 100);
+    p = __libc_realloc(p, 5000);
+    cr_assert_eq(p[99], 'x');
+    cr_assert_geq(gs_usable_size(p), 5000);
+    __libc_free(p);
+    cfree(z);
+    cr_assert_eq(live_bytes(), before);
+    /* And the public names agree with the gs_ ones. */
+    void *g = gs_malloc(10);
+    cr_assert_eq(malloc_usable_size(g), gs_usable_size(g));
+    free(g);
+    void *m = malloc(10);
+    gs_free(m);
+    cr_assert_eq(live_bytes(), before);
+}
+
+/* ------------------------------------------------------------ calloc */
+
+Test(malloc, calloc_zeroes_reused_memory)
+{
+    static const size_t sizes[] = {1, 16, 64, 100, 1000, 4000, 32768, 40000, 1 << 20,
+                                   (3 << 20) + 5};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t size = sizes[i];
+        enum { N = 50 };
+        unsigned char *p[N];
+        for (int k = 0; k < N; k++) {
+            p[k] = malloc(size);
+            memset(p[k], 0xAB, malloc_usable_size(p[k]));
+        }
+        for (int k = 0; k < N; k++)
+            free(p[k]);
+        for (int k = 0; k < N; k++) {
+            p[k] = calloc(1, size);
+            cr_assert_not_null(p[k]);
+            for (size_t b = 0; b < size; b++)
+                if (p[k][b])
+                    cr_assert_fail("calloc(1, %zu): byte %zu is %#x", size, b, p[k][b]);
+        }
+        for (int k = 0; k < N; k++)
+            free(p[k]);
+    }
+    void *z = calloc(0, 10);
+    cr_assert_not_null(z);
+    free(z);
+    z = calloc(10, 0);
+    cr_assert_not_null(z);
+    free(z);
+}

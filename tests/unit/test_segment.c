@@ -1,0 +1,139 @@
+/*
+ * Segments and the segment map (alloc/segment.c, alloc/os.c): p -> segment
+ * -> slab lookups, foreign pointers, slot accounting, empty slabs going
+ * back to the OS. Linked with the static archive.
+ */
+#include <criterion/criterion.h>
+
+#include "alloc/internal.h"
+#include "../common.h"
+
+#include <stdlib.h>
+#include <sys/mman.h>
+
+static char static_array[256];
+
+static struct gs_segment *segment_of(const void *p)
+{
+    return (struct gs_segment *)((uintptr_t)p & ~GS_SEGMENT_MASK);
+}
+
+Test(segment, small_pointer_lookup)
+{
+    for (size_t size = 1; size <= GS_SMALL_MAX; size = size * 3 / 2 + 1) {
+        char *p = malloc(size);
+        cr_assert_not_null(p);
+        cr_assert_eq(gsi_map_kind((uintptr_t)p), GS_MAP_SMALL, "size %zu: not in a segment",
+                     size);
+        struct gs_segment *seg = segment_of(p);
+        cr_assert_eq(seg->magic, GS_SEGMENT_MAGIC);
+        unsigned slot = (unsigned)(((uintptr_t)p & GS_SEGMENT_MASK) >> GS_SLOT_SHIFT);
+        cr_assert_geq(slot, 1, "object in the header slot");
+        cr_assert_eq(seg->free_slots & ((uint64_t)1 << slot), 0, "object in a free slot");
+        struct gs_slab *s = gsi_slab_of(p);
+        cr_assert_geq(s, &seg->slabs[1]);
+        cr_assert_lt(s, &seg->slabs[GS_SLOTS]);
+        cr_assert_eq(s->kind, GS_SLAB_SMALL);
+        cr_assert_eq(s->obj_size, gsi_classes[gsi_size_class(size)].size);
+        cr_assert_eq(s->cls, gsi_size_class(size));
+        /* The slab covers the object and every slot it spans points back. */
+        unsigned first = (unsigned)(s - seg->slabs);
+        cr_assert_leq(first, slot);
+        cr_assert_lt(slot, first + s->span);
+        for (unsigned i = first; i < first + s->span; i++)
+            cr_assert_eq(seg->slot_slab[i], s);
+        cr_assert_geq(p, s->start);
+        cr_assert_lt(p, s->start + (size_t)s->capacity * s->obj_size);
+        long idx = gsi_slab_index(s, p);
+        cr_assert_geq(idx, 0);
+        cr_assert_eq(gsi_link_load(s, (uint32_t)idx), GS_LINK_ALLOCATED);
+        free(p);
+    }
+}
+
+Test(segment, foreign_pointers_unknown)
+{
+    int local;
+    cr_assert_eq(gsi_map_kind((uintptr_t)&local), 0);
+    cr_assert_eq(gsi_map_kind((uintptr_t)static_array), 0);
+    cr_assert_eq(gsi_map_kind((uintptr_t)&gsi_segmap), 0);
+    cr_assert_eq(gsi_map_kind((uintptr_t)1 << 63), 0);
+    cr_assert_eq(gsi_map_kind(~(uintptr_t)0), 0);
+    void *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(m, MAP_FAILED);
+    cr_assert_eq(gsi_map_kind((uintptr_t)m), 0);
+    munmap(m, 1 << 20);
+}
+
+Test(segment, segments_are_aligned_and_counted)
+{
+    struct gs_stats st;
+    enum { N = 20000 };
+    static void *ptrs[N];
+    for (int i = 0; i < N; i++)
+        ptrs[i] = malloc(1024); /* ~20 MiB: several segments */
+    gs_stats_get(&st);
+    cr_assert_geq(st.segments, (size_t)(N * 1024 / GS_SEGMENT_SIZE));
+    cr_assert_eq(st.segments, gsi_segments_count());
+    cr_assert_geq(st.mapped_bytes, st.segments * GS_SEGMENT_SIZE);
+    for (int i = 0; i < N; i++) {
+        struct gs_segment *seg = segment_of(ptrs[i]);
+        cr_assert_eq(seg->magic, GS_SEGMENT_MAGIC);
+        cr_assert_eq(gsi_map_kind((uintptr_t)seg), GS_MAP_SMALL);
+        cr_assert_eq(gsi_map_kind((uintptr_t)seg + GS_SEGMENT_SIZE - 1), GS_MAP_SMALL);
+    }
+    for (int i = 0; i < N; i++)
+        free(ptrs[i]);
+}
+
+/* Freeing everything retires the slabs; a forced purge decommits them and
+   unmaps the empty segments, so the segment map forgets them. */
+Test(segment, empty_slabs_return_to_os)
+{
+    enum { N = 40000 };
+    static void *ptrs[N];
+    struct gs_stats before, full, after;
+    gs_stats_get(&before);
+    for (int i = 0; i < N; i++)
+        ptrs[i] = malloc(1024);
+    gs_stats_get(&full);
+    cr_assert_gt(full.slabs, before.slabs + 100);
+    uintptr_t some_seg = (uintptr_t)segment_of(ptrs[N / 2]);
+    for (int i = 0; i < N; i++)
+        free(ptrs[i]);
+    gs_stats_get(&after);
+    cr_assert_leq(after.slabs, before.slabs + 1, "slabs not retired: %zu before, %zu after",
+                  before.slabs, after.slabs);
+    /* More than GRACESLAB_EMPTY_CACHE_MB (8 MiB) of empty slabs: most of
+       them were decommitted at once. */
+    cr_assert_leq(after.committed_bytes, before.committed_bytes + (16u << 20),
+                  "committed %zu, was %zu", after.committed_bytes, before.committed_bytes);
+    gsi_segments_purge(true);
+    gs_stats_get(&after);
+    cr_assert_leq(after.segments, before.segments + 1);
+    cr_assert_lt(after.mapped_bytes, full.mapped_bytes);
+    if (gsi_segments_count() <= before.segments)
+        cr_assert_eq(gsi_map_kind(some_seg), 0, "unmapped segment still in the map");
+}
+
+/* A freed slot is reused for the next slab (dirty slots first): allocating
+   and freeing the same amount again does not map new segments. */
+Test(segment, slots_reused)
+{
+    enum { N = 8000 };
+    static void *ptrs[N];
+    for (int round = 0; round < 5; round++) {
+        for (int i = 0; i < N; i++)
+            ptrs[i] = malloc(2048);
+        size_t segs = gsi_segments_count();
+        for (int i = 0; i < N; i++)
+            free(ptrs[i]);
+        if (round == 0)
+            continue;
+        static size_t first_segs;
+        if (round == 1)
+            first_segs = segs;
+        cr_assert_leq(segs, first_segs, "round %d maps %zu segments, round 1 %zu", round, segs,
+                      first_segs);
+    }
+}

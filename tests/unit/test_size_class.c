@@ -1,0 +1,152 @@
+/*
+ * Size classes (alloc/size_class.c): the class table, size -> class
+ * mapping, waste bound, slab layout, division magic, aligned classes.
+ * Linked with the static archive: everything here is internal.
+ */
+#include <criterion/criterion.h>
+
+#include "alloc/internal.h"
+
+static void init(void)
+{
+    gsi_heap_init_once(); /* builds the class tables */
+}
+
+TestSuite(size_class, .init = init);
+
+static size_t natural_align(size_t size)
+{
+    size_t a = size & -size;
+    return a > GS_PAGE ? GS_PAGE : a;
+}
+
+Test(size_class, table_shape)
+{
+    cr_assert_eq(gsi_classes[0].size, 16);
+    cr_assert_eq(gsi_classes[GS_NCLASSES - 1].size, GS_SMALL_MAX);
+    for (unsigned c = 0; c < GS_NCLASSES; c++) {
+        cr_assert_eq(gsi_classes[c].size % 16, 0, "class %u size %u not a multiple of 16", c,
+                     gsi_classes[c].size);
+        if (c)
+            cr_assert_gt(gsi_classes[c].size, gsi_classes[c - 1].size, "class %u not increasing",
+                         c);
+    }
+}
+
+/* Every size maps to the smallest class that holds it, both through the
+   inline mapping and the slow one. */
+Test(size_class, smallest_fitting_class)
+{
+    for (size_t size = 0; size <= GS_SMALL_MAX; size++) {
+        unsigned c = gsi_size_class(size);
+        cr_assert_lt(c, GS_NCLASSES, "size %zu -> class %u out of range", size, c);
+        cr_assert_geq(gsi_classes[c].size, size, "size %zu -> class %u (%u B) too small", size,
+                      c, gsi_classes[c].size);
+        if (c)
+            cr_assert_lt(gsi_classes[c - 1].size, size,
+                         "size %zu -> class %u (%u B) but class %u (%u B) fits", size, c,
+                         gsi_classes[c].size, c - 1, gsi_classes[c - 1].size);
+        cr_assert_eq(gsi_class_slow(size), c, "slow mapping disagrees for %zu", size);
+    }
+}
+
+Test(size_class, small_table_matches_classes)
+{
+    for (unsigned i = 0; i <= (1024 >> 4); i++) {
+        unsigned c = gsi_class_of_small[i];
+        size_t size = (size_t)i << 4;
+        cr_assert_geq(gsi_classes[c].size, size);
+        cr_assert(c == 0 || gsi_classes[c - 1].size < size, "table entry %u not minimal", i);
+    }
+}
+
+/* Waste: below 16 bytes up to 128 B, at most 12.5% of the request above. */
+Test(size_class, waste_bound)
+{
+    for (size_t size = 1; size <= GS_SMALL_MAX; size++) {
+        size_t cs = gsi_classes[gsi_size_class(size)].size;
+        if (size <= 128)
+            cr_assert_lt(cs - size, 16, "size %zu -> %zu wastes %zu", size, cs, cs - size);
+        else
+            cr_assert_leq((cs - size) * 8, size, "size %zu -> %zu wastes more than 12.5%%",
+                          size, cs);
+    }
+}
+
+/* The layout of each class's slab: link array first, objects aligned to
+   their natural alignment, everything inside the span, at least 8 objects,
+   and object indices fit the 12-bit links. */
+Test(size_class, slab_layout)
+{
+    for (unsigned c = 0; c < GS_NCLASSES; c++) {
+        const struct gs_class_info *ci = &gsi_classes[c];
+        size_t bytes = (size_t)ci->span * GS_SLOT_SIZE;
+        cr_assert_geq(ci->span, 1);
+        cr_assert_lt(ci->span, GS_SLOTS);
+        cr_assert_geq(ci->capacity, 8, "class %u (%u B): only %u objects", c, ci->size,
+                      ci->capacity);
+        cr_assert_leq(ci->capacity, GS_MAX_OBJECTS);
+        cr_assert_geq(ci->link_bytes, 2 * (ci->capacity + 1), "class %u: link array too short",
+                      c);
+        cr_assert_eq(ci->link_bytes % natural_align(ci->size), 0,
+                     "class %u: first object misaligned", c);
+        cr_assert_leq(ci->link_bytes + (size_t)ci->capacity * ci->size, bytes,
+                      "class %u: objects overflow the span", c);
+        /* Not wasteful: no room for one more object. */
+        size_t next_links = (2 * (ci->capacity + 2) + natural_align(ci->size) - 1) &
+                            ~(natural_align(ci->size) - 1);
+        if (ci->capacity < GS_MAX_OBJECTS)
+            cr_assert_gt(next_links + (size_t)(ci->capacity + 1) * ci->size, bytes,
+                         "class %u: room for another object", c);
+    }
+}
+
+/* Division by multiplication is exact for every offset in every class's
+   slab, and gsi_slab_index() accepts exactly the object starts. */
+Test(size_class, division_magic_exact)
+{
+    for (unsigned c = 0; c < GS_NCLASSES; c++) {
+        const struct gs_class_info *ci = &gsi_classes[c];
+        struct gs_slab s = {0};
+        s.start = (char *)((uintptr_t)1 << 30);
+        s.obj_size = ci->size;
+        s.magic = ci->magic;
+        size_t limit = (size_t)ci->span * GS_SLOT_SIZE;
+        for (uint64_t off = 0; off < limit; off++) {
+            uint64_t q = (off * ci->magic) >> 40;
+            if (q != off / ci->size)
+                cr_assert_fail("class %u (%u B): offset %lu gives %lu, expected %lu", c, ci->size,
+                        (unsigned long)off, (unsigned long)q, (unsigned long)(off / ci->size));
+            long idx = gsi_slab_index(&s, s.start + off);
+            long want = off % ci->size ? -1 : (long)(off / ci->size);
+            if (idx != want)
+                cr_assert_fail("class %u: gsi_slab_index(+%lu) = %ld, expected %ld", c,
+                        (unsigned long)off, idx, want);
+        }
+    }
+}
+
+/* gsi_class_aligned: the smallest class that holds size and whose objects
+   are all align-aligned; -1 beyond a page or beyond the small classes. */
+Test(size_class, aligned_classes)
+{
+    static const size_t sizes[] = {0, 1, 15, 16, 17, 100, 128, 129, 1000, 4095, 4096, 4097,
+                                   10000, 20000, 32767, 32768};
+    for (size_t align = 16; align <= GS_PAGE; align *= 2) {
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            size_t size = sizes[i];
+            int c = gsi_class_aligned(size, align);
+            int want = -1;
+            for (unsigned k = 0; k < GS_NCLASSES && want < 0; k++)
+                if (gsi_classes[k].size >= size && gsi_classes[k].size >= align &&
+                    natural_align(gsi_classes[k].size) >= align)
+                    want = (int)k;
+            cr_assert_eq(c, want, "gsi_class_aligned(%zu, %zu) = %d, expected %d", size, align,
+                         c, want);
+            if (c >= 0)
+                cr_assert_eq(gsi_classes[c].link_bytes % align, 0);
+        }
+    }
+    cr_assert_eq(gsi_class_aligned(64, 2 * GS_PAGE), -1);
+    cr_assert_eq(gsi_class_aligned(GS_SMALL_MAX + 1, 16), -1);
+}

@@ -1,0 +1,175 @@
+/*
+ * Slabs (alloc/slab.c): out-of-band link states, distinct non-overlapping
+ * objects, the remote chain, release of an exhausted slab and adoption by
+ * a free. Linked with the static archive.
+ */
+#include <criterion/criterion.h>
+
+#include "alloc/internal.h"
+#include "../common.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+static int cmp_ptr(const void *a, const void *b)
+{
+    uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+Test(slab, link_states_follow_the_object)
+{
+    char *p = malloc(48);
+    char *keep = malloc(48); /* keeps the slab non-empty */
+    struct gs_slab *s = gsi_slab_of(p);
+    long idx = gsi_slab_index(s, p);
+    cr_assert_geq(idx, 0);
+    cr_assert_eq(gsi_link_load(s, (uint32_t)idx), GS_LINK_ALLOCATED);
+    cr_assert_eq(gsi_link_load(s, s->capacity), GS_LINK_INVALID, "no sentinel after the last object");
+    uint32_t used = s->used;
+    free(p);
+    uint16_t v = gsi_link_load(s, (uint32_t)idx);
+    cr_assert_neq(v, GS_LINK_ALLOCATED);
+    cr_assert_eq(v & (GS_LINK_REMOTE | GS_LINK_PENDING), 0, "local free marked remote/pending");
+    cr_assert_eq(s->free_head, (uint32_t)idx, "local free list is not LIFO");
+    cr_assert_eq(s->used, used - 1);
+    char *q = malloc(48);
+    cr_assert_eq(q, p, "freed object not reused first");
+    cr_assert_eq(gsi_link_load(s, (uint32_t)idx), GS_LINK_ALLOCATED);
+    free(q);
+    free(keep);
+}
+
+/* Thousands of live objects of every class: distinct, 16-aligned, each
+   inside its slab, and their usable ranges never overlap. */
+Test(slab, objects_do_not_overlap)
+{
+    enum { PER = 300 };
+    static uintptr_t ptrs[GS_NCLASSES * PER];
+    size_t n = 0;
+    for (unsigned c = 0; c < GS_NCLASSES; c++) {
+        size_t size = gsi_classes[c].size;
+        for (int i = 0; i < PER; i++) {
+            char *p = malloc(size - (size_t)i % 16);
+            cr_assert_not_null(p);
+            cr_assert_eq((uintptr_t)p % 16, 0);
+            struct gs_slab *s = gsi_slab_of(p);
+            cr_assert_eq(s->obj_size, size);
+            gst_fill(p, size, (uintptr_t)p);
+            ptrs[n++] = (uintptr_t)p;
+        }
+    }
+    qsort(ptrs, n, sizeof ptrs[0], cmp_ptr);
+    for (size_t i = 0; i + 1 < n; i++)
+        cr_assert_leq(ptrs[i] + gs_usable_size((void *)ptrs[i]), ptrs[i + 1],
+                      "blocks %#lx and %#lx overlap", (unsigned long)ptrs[i],
+                      (unsigned long)ptrs[i + 1]);
+    for (size_t i = 0; i < n; i++) {
+        void *p = (void *)ptrs[i];
+        size_t size = gs_usable_size(p);
+        cr_assert_eq(gst_check(p, size, ptrs[i]), size, "block %p corrupted", p);
+        free(p);
+    }
+}
+
+struct remote_job {
+    void **ptrs;
+    int n;
+};
+
+static void *free_all(void *arg)
+{
+    struct remote_job *j = arg;
+    for (int i = 0; i < j->n; i++)
+        free(j->ptrs[i]);
+    return NULL;
+}
+
+static void run_thread(void *(*fn)(void *), void *arg)
+{
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, fn, arg), 0);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+}
+
+/* Another thread's frees go on the remote chain (links marked REMOTE, the
+   count in xstate); the owner's collect moves them to its local list. */
+Test(slab, remote_frees_chain_and_collect)
+{
+    enum { N = 10 };
+    void *ptrs[N];
+    void *keep = malloc(200);
+    struct gs_slab *s = gsi_slab_of(keep);
+    for (int i = 0; i < N; i++) {
+        ptrs[i] = malloc(200);
+        cr_assert_eq(gsi_slab_of(ptrs[i]), s, "objects not from the active slab");
+    }
+    uint32_t used = s->used;
+    cr_assert_eq(GS_X_OWNER(atomic_load(&s->xstate)), gsi_tls_heap->id);
+    struct remote_job j = {ptrs, N};
+    run_thread(free_all, &j);
+    uint64_t x = atomic_load(&s->xstate);
+    cr_assert_eq(GS_X_OWNER(x), gsi_tls_heap->id, "remote free changed the owner");
+    cr_assert_eq(GS_X_COUNT(x), N);
+    for (int i = 0; i < N; i++) {
+        uint16_t v = gsi_link_load(s, (uint32_t)gsi_slab_index(s, ptrs[i]));
+        cr_assert_eq(v & ~GS_LINK_INDEX, GS_LINK_REMOTE, "link %#x not remote", v);
+    }
+    cr_assert_eq(s->used, used, "remote frees touched the owner's count");
+    cr_assert_eq(gsi_slab_collect(s), N);
+    cr_assert_eq(s->used, used - N);
+    cr_assert_eq(GS_X_COUNT(atomic_load(&s->xstate)), 0);
+    for (int i = 0; i < N; i++) {
+        uint16_t v = gsi_link_load(s, (uint32_t)gsi_slab_index(s, ptrs[i]));
+        cr_assert_leq(v, GS_LINK_END, "collected link %#x not on the local list", v);
+    }
+    free(keep);
+}
+
+struct exhaust {
+    unsigned cls;
+    void **ptrs;
+    uint32_t n;
+    struct gs_slab *slab;
+};
+
+/* Fills one whole slab of a class from a fresh thread, which then exits. */
+static void *fill_slab(void *arg)
+{
+    struct exhaust *e = arg;
+    size_t size = gsi_classes[e->cls].size;
+    void *first = malloc(size);
+    e->slab = gsi_slab_of(first);
+    e->ptrs[e->n++] = first;
+    /* Allocate until the slab is exhausted (next object from another). */
+    for (;;) {
+        void *p = malloc(size);
+        if (gsi_slab_of(p) != e->slab) {
+            free(p);
+            break;
+        }
+        e->ptrs[e->n++] = p;
+    }
+    return NULL;
+}
+
+/* An exhausted slab is given up (ownerless); the first free into it from
+   another thread adopts it, and freeing everything retires it. */
+Test(slab, exhausted_slab_released_and_adopted_by_free)
+{
+    static void *ptrs[GS_MAX_OBJECTS];
+    struct exhaust e = {gsi_size_class(512), ptrs, 0, NULL};
+    run_thread(fill_slab, &e);
+    cr_assert_eq(e.n, e.slab->capacity, "slab had %u objects, capacity %u", e.n,
+                 e.slab->capacity);
+    struct gs_slab *s = e.slab;
+    cr_assert_eq(GS_X_OWNER(atomic_load(&s->xstate)), 0, "exhausted slab still owned");
+    free(ptrs[0]);
+    struct gs_heap *me = gsi_tls_heap;
+    cr_assert_eq(GS_X_OWNER(atomic_load(&s->xstate)), me->id, "free did not adopt the slab");
+    cr_assert_eq(atomic_load(&s->owner_heap), me);
+    cr_assert_eq(s->used, e.n - 1);
+    for (uint32_t i = 1; i < e.n; i++)
+        free(ptrs[i]);
+    cr_assert_neq(gsi_slab_of(ptrs[0]), s, "empty adopted slab not retired");
+}
