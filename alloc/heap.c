@@ -96,8 +96,10 @@ static void unlink_owned(struct gs_heap *h, struct gs_slab *s)
         gsi_heap_list_remove(&h->partial[s->cls], s);
     else if (s->where == GS_IN_WAITING)
         gsi_heap_list_remove(&h->waiting[s->cls], s);
-    else if (s->where == GS_IN_ACTIVE)
+    else if (s->where == GS_IN_ACTIVE) {
         h->active[s->cls] = &gsi_empty_slab;
+        s->used--; /* the active slab's phantom reference (see refill) */
+    }
     s->where = GS_IN_NONE;
 }
 
@@ -369,6 +371,10 @@ static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
         GS_ASSERT(!"a new slab is ownerless");
     gsi_slab_extend(s, EXTEND_BATCH);
 got:
+    /* While a slab is active, `used` carries one phantom reference, so the
+       free fast path never sees the active slab reach zero: a thread that
+       allocates and frees one object at a time stays on the fast path. */
+    s->used++;
     s->where = GS_IN_ACTIVE;
     h->active[cls] = s;
     return s;
@@ -421,7 +427,8 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
 {
     /* Keep the active slab: a thread that allocates and frees one object
        at a time must not map and unmap a slab per call. */
-    if (s->where == GS_IN_ACTIVE || gsi_slab_has_pending(s))
+    GS_ASSERT(s->where != GS_IN_ACTIVE);
+    if (gsi_slab_has_pending(s))
         return;
     unlink_owned(h, s);
     gsi_orphan_remove(s);

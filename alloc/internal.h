@@ -103,8 +103,10 @@ enum gs_slab_kind {
  * slab's own memory.
  *
  * Invariant (owner's view, outside an operation):
- *   capacity == used + |local list| + (capacity - bump)
- *   used counts objects that are allocated, on the remote chain, or pending.
+ *   capacity == used - active + |local list| + (capacity - bump)
+ *   used counts objects that are allocated, on the remote chain, or pending,
+ *   plus one while the slab is its heap's active slab (active = 1), so the
+ *   free fast path never sees the active slab reach zero.
  * A slab with an owner is that heap's active slab for its class, or on its
  * partial list, or on its waiting list (pending objects only).
  */

@@ -15,7 +15,11 @@ static void count_slab(struct gs_slab *s, void *arg)
 {
     struct gs_stats *st = arg;
     st->slabs++;
-    st->class_allocated[s->cls] += s->used;
+    /* Read racily; the active slab carries a phantom reference. */
+    uint32_t used = s->used;
+    if (s->where == GS_IN_ACTIVE && used)
+        used--;
+    st->class_allocated[s->cls] += used;
 }
 
 static void count_heap(struct gs_heap *h, void *arg)
