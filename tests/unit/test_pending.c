@@ -1,0 +1,832 @@
+/*
+ * Deferred free (gs_free_rcu) and the reclaim of pending memory, through
+ * the public API only:
+ *   - gs_free_rcu makes no system call and allocates nothing (seccomp);
+ *   - out of memory: allocation reclaims pending memory outside a read-side
+ *     section; inside one, with everything pending, it fails with ENOMEM at
+ *     once (no wait, no deadlock) and succeeds after the unlock;
+ *   - every allocator call is safe inside a read-side section;
+ *   - gs_reclaim() returns the exact bytes made reusable, per-class stats;
+ *   - objects deferred by an exiting thread are reclaimed, never leaked;
+ *   - lazy reclaim: with no further traffic, pending drains on its own;
+ *   - bad input aborts with one line naming the call and the pointer.
+ *
+ * Tests that need allocator options (GRACESLAB_OS_FAIL_AFTER_MB,
+ * GRACESLAB_RCU_LAZY_MS) re-execute this program with the option in its
+ * environment: options are read once, at the first allocation, long before
+ * a Criterion test starts. The re-executed program runs one scenario from a
+ * constructor (child_mode below) and never reaches Criterion's main.
+ */
+#include "include/graceslab.h"
+#include "tests/common.h"
+
+#include <criterion/criterion.h>
+
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+
+/* ------------------------------------------------------------- helpers */
+
+/* Failure report usable in a child that must not allocate (or may have no
+   memory left): format on the stack, write(2), exit 1. */
+static _Noreturn void child_fail(const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        n = 0;
+    if (n > (int)sizeof buf - 2)
+        n = (int)sizeof buf - 2;
+    buf[n++] = '\n';
+    ssize_t ignored = write(STDERR_FILENO, buf, (size_t)n);
+    (void)ignored;
+    _exit(1);
+}
+
+#define CHILD_CHECK(cond, fmt, ...)                                            \
+    do {                                                                       \
+        if (!(cond))                                                           \
+            child_fail("line %d: %s: " fmt, __LINE__, #cond, ##__VA_ARGS__);   \
+    } while (0)
+
+static void assert_child_ok(const struct gst_child *c, const char *what)
+{
+    cr_assert(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0,
+              "%s: child %s %d; stderr:\n%s", what,
+              WIFEXITED(c->status) ? "exited with" : "killed by signal",
+              WIFEXITED(c->status) ? WEXITSTATUS(c->status) : WTERMSIG(c->status), c->err);
+}
+
+static size_t pending_bytes(void)
+{
+    struct gs_stats st;
+    gs_stats_get(&st);
+    return st.pending_bytes;
+}
+
+/* Drains everything pending so that a test starts from zero. */
+static void drain_pending(void)
+{
+    for (int i = 0; i < 100 && pending_bytes(); i++)
+        gs_reclaim(SIZE_MAX);
+    cr_assert_eq(pending_bytes(), 0, "pending memory left after gs_reclaim");
+}
+
+static int class_index(const struct gs_stats *st, size_t usable)
+{
+    for (unsigned c = 0; c < st->nclasses; c++)
+        if (st->class_size[c] == usable)
+            return (int)c;
+    return -1;
+}
+
+/* Pointer array outside graceslab (direct mmap), for children that fill
+   memory. */
+static void **raw_array(size_t n)
+{
+    void *p = mmap(NULL, n * sizeof(void *), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* ------------------------------------------------- re-executed scenarios */
+
+/* Fills memory with blocks of `size` until gs_malloc fails; returns count. */
+static size_t fill(void **ptrs, size_t max, size_t size)
+{
+    size_t n = 0;
+    for (; n < max; n++) {
+        errno = 0;
+        ptrs[n] = gs_malloc(size);
+        if (!ptrs[n]) {
+            CHILD_CHECK(errno == ENOMEM, "errno %d after a failed gs_malloc(%zu)", errno, size);
+            return n;
+        }
+        memset(ptrs[n], 0x5a, size < 256 ? size : 256);
+    }
+    child_fail("gs_malloc(%zu) never failed: is GRACESLAB_OS_FAIL_AFTER_MB set?", size);
+}
+
+#define OOM_LIMIT_MB "48"
+#define OOM_MAX_PTRS ((size_t)1 << 20)
+
+/* Fill with `fill_size` blocks, defer them all, then allocate `again_size`
+   outside (reader = false) or inside a read-side section. */
+static void oom_scenario(size_t fill_size, size_t again_size, bool reader, bool warm)
+{
+    void **ptrs = raw_array(OOM_MAX_PTRS);
+    CHILD_CHECK(ptrs != NULL, "mmap");
+    if (warm) {
+        /* A deferral and an allocation slow path while memory is plentiful:
+           the engine's lazy thread exists before memory runs out. */
+        gs_free_rcu(gs_malloc(64));
+        gs_free(gs_malloc(20000));
+        gs_reclaim(SIZE_MAX);
+    }
+    size_t n = fill(ptrs, OOM_MAX_PTRS, fill_size);
+    CHILD_CHECK(n * fill_size >= ((size_t)16 << 20), "only %zu blocks of %zu B fit", n, fill_size);
+    /* Still out of memory for this size. */
+    errno = 0;
+    CHILD_CHECK(gs_malloc(fill_size) == NULL && errno == ENOMEM, "memory appeared from nowhere");
+
+    if (reader) {
+        /* The deferrals happen inside the section: no grace period that
+           covers them can end before the unlock. */
+        gs_rcu_read_lock();
+        for (size_t i = 0; i < n; i++)
+            gs_free_rcu(ptrs[i]);
+        double t0 = gst_now_s();
+        errno = 0;
+        void *p = gs_malloc(again_size);
+        double dt = gst_now_s() - t0;
+        CHILD_CHECK(p == NULL, "gs_malloc(%zu) inside a read-side section returned %p "
+                               "although all memory is pending on this reader", again_size, p);
+        CHILD_CHECK(errno == ENOMEM, "errno %d, expected ENOMEM", errno);
+        CHILD_CHECK(dt < 2.0, "the failing allocation took %.3f s (it must not wait)", dt);
+        /* Polling reclaim inside the section cannot free what the section
+           protects. */
+        size_t r = gs_reclaim(SIZE_MAX);
+        CHILD_CHECK(r == 0, "gs_reclaim inside the reader reclaimed %zu bytes "
+                            "deferred inside that same reader", r);
+        gs_rcu_read_unlock();
+    } else {
+        for (size_t i = 0; i < n; i++)
+            gs_free_rcu(ptrs[i]);
+    }
+    errno = 0;
+    void *p = gs_malloc(again_size);
+    CHILD_CHECK(p != NULL, "gs_malloc(%zu) failed (errno %d) with %zu bytes pending: "
+                           "pending memory was not reclaimed", again_size, errno, n * fill_size);
+    memset(p, 1, again_size);
+    /* Most of what was deferred is usable again. */
+    gs_free(p);
+    size_t m = 0;
+    while (m < OOM_MAX_PTRS && m * again_size < n * fill_size / 2 &&
+           (ptrs[m] = gs_malloc(again_size)) != NULL)
+        m++;
+    CHILD_CHECK(m * again_size >= n * fill_size / 2,
+                "after reclaim only %zu x %zu B fit again (had %zu x %zu B)", m, again_size, n,
+                fill_size);
+}
+
+/* Lazy reclaim: a burst of deferrals, one allocation slow path, then no
+   allocator traffic at all: pending must drain on its own. */
+static void *lazy_burst(void *arg)
+{
+    size_t n = (size_t)(uintptr_t)arg;
+    void **ptrs = raw_array(n);
+    CHILD_CHECK(ptrs != NULL, "mmap");
+    for (size_t i = 0; i < n; i++) {
+        ptrs[i] = gs_malloc(64);
+        CHILD_CHECK(ptrs[i] != NULL, "gs_malloc");
+    }
+    for (size_t i = 0; i < n; i++)
+        gs_free_rcu(ptrs[i]);
+    /* One slow path: the first block of a class this thread never used. */
+    void *p = gs_malloc(12000);
+    CHILD_CHECK(p != NULL, "gs_malloc");
+    gs_free(p);
+    return NULL;
+}
+
+static void lazy_scenario(bool in_thread)
+{
+    const size_t n = 20000;
+    struct gs_stats st0, st;
+    gs_stats_get(&st0);
+    if (in_thread) {
+        pthread_t t;
+        CHILD_CHECK(pthread_create(&t, NULL, lazy_burst, (void *)(uintptr_t)n) == 0, "");
+        pthread_join(t, NULL);
+    } else {
+        lazy_burst((void *)(uintptr_t)n);
+    }
+    gs_stats_get(&st);
+    CHILD_CHECK(st.pending_objects >= n / 2, "only %zu pending right after the burst",
+                st.pending_objects);
+    double t0 = gst_now_s();
+    do {
+        gst_sleep_ms(20);
+        gs_stats_get(&st);
+    } while (st.pending_objects && gst_now_s() - t0 < 5.0);
+    CHILD_CHECK(st.pending_objects == 0, "%zu objects (%zu B) still pending %.1f s after the "
+                                         "burst with GRACESLAB_RCU_LAZY_MS=100",
+                st.pending_objects, st.pending_bytes, gst_now_s() - t0);
+    CHILD_CHECK(st.reclaimed_objects - st0.reclaimed_objects >= n, "reclaimed %zu < %zu",
+                st.reclaimed_objects - st0.reclaimed_objects, n);
+}
+
+__attribute__((constructor)) static void child_mode(void)
+{
+    const char *m = getenv("GS_PENDING_CHILD");
+    if (!m)
+        return;
+    static const struct {
+        const char *name;
+        size_t fill, again;
+        bool reader;
+    } oom[] = {
+        {"oom_small", 64, 64, false},
+        {"oom_small_reader", 64, 64, true},
+        {"oom_large", 256 << 10, 256 << 10, false},
+        {"oom_large_reader", 256 << 10, 256 << 10, true},
+        {"oom_small_to_other_class", 64, 4096, false},
+        {"oom_large_to_small", 256 << 10, 64, false},
+    };
+    for (size_t i = 0; i < sizeof oom / sizeof oom[0]; i++) {
+        size_t len = strlen(oom[i].name);
+        if (!strncmp(m, oom[i].name, len) && (!m[len] || !strcmp(m + len, "_warm"))) {
+            oom_scenario(oom[i].fill, oom[i].again, oom[i].reader, m[len] != 0);
+            _exit(0);
+        }
+    }
+    if (0)
+        ;
+    else if (!strcmp(m, "lazy"))
+        lazy_scenario(false);
+    else if (!strcmp(m, "lazy_thread"))
+        lazy_scenario(true);
+    else
+        child_fail("unknown GS_PENDING_CHILD=%s", m);
+    _exit(0);
+}
+
+struct exec_args {
+    const char *mode;
+    const char *env[4]; /* "NAME=value", NULL-terminated */
+};
+
+static void exec_self(void *arg)
+{
+    struct exec_args *a = arg;
+    setenv("GS_PENDING_CHILD", a->mode, 1);
+    for (int i = 0; a->env[i]; i++)
+        putenv((char *)a->env[i]);
+    char *argv[] = {"test_pending", NULL};
+    execv("/proc/self/exe", argv);
+    child_fail("execv: %s", strerror(errno));
+}
+
+static void run_mode(const char *mode, const char *env1)
+{
+    struct exec_args a = {mode, {env1, NULL}};
+    struct gst_child c;
+    cr_assert(gst_run_child(exec_self, &a, &c));
+    assert_child_ok(&c, mode);
+}
+
+/* ---------------------------------------------------- out of memory */
+
+/* Two variants of each: "cold" defers for the first time once memory is
+   already exhausted (the engine must still get its grace period without
+   aborting), "warm" has the engine's lazy thread started beforehand. */
+#define OOM_TEST(name, mode, what)                                             \
+    Test(oom, name, .description = what, .timeout = 60)                       \
+    {                                                                          \
+        run_mode(mode, "GRACESLAB_OS_FAIL_AFTER_MB=" OOM_LIMIT_MB);           \
+    }                                                                          \
+    Test(oom, name##_warm, .description = what, .timeout = 60)                \
+    {                                                                          \
+        run_mode(mode "_warm", "GRACESLAB_OS_FAIL_AFTER_MB=" OOM_LIMIT_MB);   \
+    }
+
+OOM_TEST(small_reclaims_pending_outside_reader, "oom_small",
+         "64 B blocks: allocation reclaims pending memory")
+OOM_TEST(small_enomem_inside_reader_then_ok, "oom_small_reader",
+         "inside a reader with all memory pending: ENOMEM at once; after unlock: success")
+OOM_TEST(large_reclaims_pending_outside_reader, "oom_large",
+         "large blocks: allocation reclaims pending memory")
+OOM_TEST(large_enomem_inside_reader_then_ok, "oom_large_reader",
+         "large blocks inside a reader: ENOMEM at once; after unlock: success")
+OOM_TEST(pending_small_serves_other_class, "oom_small_to_other_class",
+         "memory deferred in one size class serves another once reclaimed")
+OOM_TEST(pending_large_serves_small, "oom_large_to_small",
+         "memory deferred as large blocks serves small ones once reclaimed")
+
+/* ---------------------------------------------------- lazy reclaim */
+
+Test(lazy, pending_drains_without_traffic, .timeout = 60)
+{
+    run_mode("lazy", "GRACESLAB_RCU_LAZY_MS=100");
+}
+
+Test(lazy, pending_of_exited_thread_drains_without_traffic, .timeout = 60)
+{
+    run_mode("lazy_thread", "GRACESLAB_RCU_LAZY_MS=100");
+}
+
+/* ------------------------------------- no system call, no allocation */
+
+static volatile sig_atomic_t sc_phase;
+
+static void on_sigsys(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig;
+    (void)uc;
+    char buf[160];
+    int n = snprintf(buf, sizeof buf, "system call %d made %s\n", si->si_syscall,
+                     sc_phase == 1 ? "by gs_free_rcu / gs_rcu_read_lock / gs_rcu_read_unlock"
+                                   : "by gs_stats_get (after the checked calls)");
+    ssize_t ignored = write(STDERR_FILENO, buf, (size_t)n);
+    (void)ignored;
+    _exit(sc_phase == 1 ? 3 : 4);
+}
+
+/* Only write and the exit calls are allowed; anything else traps. */
+static bool install_seccomp(void)
+{
+#if defined(__x86_64__)
+#define GS_AUDIT_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define GS_AUDIT_ARCH AUDIT_ARCH_AARCH64
+#endif
+    struct sock_filter f[] = {
+#ifdef GS_AUDIT_ARCH
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, GS_AUDIT_ARCH, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+#endif
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_write, 3, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_exit_group, 2, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_rt_sigreturn, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof f / sizeof f[0]), f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return false;
+    return syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) == 0;
+}
+
+static void *alloc_in_thread(void *arg)
+{
+    void **ptrs = arg;
+    for (int i = 0; i < 512; i++)
+        ptrs[i] = gs_malloc(48);
+    return NULL;
+}
+
+#define SC_N 4096
+
+static void no_syscall_child(void *arg)
+{
+    (void)arg;
+    static void *own[SC_N], *other[512], *large[8];
+    size_t bytes = 0;
+    for (int i = 0; i < SC_N; i++) {
+        own[i] = gs_malloc(16 + (size_t)(i % 64) * 16); /* many classes */
+        CHILD_CHECK(own[i] != NULL, "");
+        bytes += gs_usable_size(own[i]);
+    }
+    for (int i = 0; i < 8; i++) {
+        large[i] = gs_malloc((size_t)(40 + i) << 10);
+        CHILD_CHECK(large[i] != NULL, "");
+        bytes += gs_usable_size(large[i]);
+    }
+    /* Blocks of a thread that has exited: their slabs are ownerless or
+       orphaned, so gs_free_rcu takes its adoption path. */
+    pthread_t t;
+    CHILD_CHECK(pthread_create(&t, NULL, alloc_in_thread, other) == 0, "");
+    pthread_join(t, NULL);
+    for (int i = 0; i < 512; i++) {
+        CHILD_CHECK(other[i] != NULL, "");
+        bytes += gs_usable_size(other[i]);
+    }
+    /* Registration of this thread as a reader may make system calls. */
+    gs_rcu_read_lock();
+    gs_rcu_read_unlock();
+    struct gs_stats before, after;
+    gs_stats_get(&before);
+
+    struct sigaction sa = {.sa_sigaction = on_sigsys, .sa_flags = SA_SIGINFO};
+    sigaction(SIGSYS, &sa, NULL);
+    CHILD_CHECK(install_seccomp(), "seccomp: %s", strerror(errno));
+    sc_phase = 1;
+    gs_rcu_read_lock();
+    for (int i = 0; i < SC_N; i += 2)
+        gs_free_rcu(own[i]);
+    for (int i = 0; i < 4; i++)
+        gs_free_rcu(large[i]);
+    for (int i = 0; i < 256; i++)
+        gs_free_rcu(other[i]);
+    gs_rcu_read_unlock();
+    for (int i = 1; i < SC_N; i += 2)
+        gs_free_rcu(own[i]);
+    for (int i = 4; i < 8; i++)
+        gs_free_rcu(large[i]);
+    for (int i = 256; i < 512; i++)
+        gs_free_rcu(other[i]);
+    sc_phase = 2;
+    gs_stats_get(&after);
+
+    size_t n = SC_N + 8 + 512;
+    CHILD_CHECK(after.mapped_bytes == before.mapped_bytes, "mapped %zu -> %zu",
+                before.mapped_bytes, after.mapped_bytes);
+    CHILD_CHECK(after.pending_objects == before.pending_objects + n,
+                "pending objects %zu -> %zu, expected +%zu", before.pending_objects,
+                after.pending_objects, n);
+    CHILD_CHECK(after.pending_bytes == before.pending_bytes + bytes,
+                "pending bytes %zu -> %zu, expected +%zu", before.pending_bytes,
+                after.pending_bytes, bytes);
+    CHILD_CHECK(after.allocated_bytes <= before.allocated_bytes, "allocated %zu -> %zu",
+                before.allocated_bytes, after.allocated_bytes);
+}
+
+Test(free_rcu, makes_no_system_call_and_allocates_nothing, .timeout = 60)
+{
+    struct gst_child c;
+    cr_assert(gst_run_child(no_syscall_child, NULL, &c));
+    assert_child_ok(&c, "gs_free_rcu under seccomp");
+}
+
+/* --------------------------------------- calls inside a read-side section */
+
+/* Enough pending memory in one class that an allocation outside a reader
+   would wait for a grace period rather than map more. */
+static void **defer_lots(size_t n, size_t size)
+{
+    void **p = raw_array(n);
+    CHILD_CHECK(p != NULL, "");
+    for (size_t i = 0; i < n; i++) {
+        p[i] = gs_malloc(size);
+        CHILD_CHECK(p[i] != NULL, "");
+    }
+    for (size_t i = 0; i < n; i++)
+        gs_free_rcu(p[i]);
+    return p;
+}
+
+static void reader_malloc_free(void *arg)
+{
+    (void)arg;
+    alarm(10);
+    defer_lots(32768, 64); /* 2 MiB pending in class 64 */
+    gs_rcu_read_lock();
+    defer_lots(32768, 64); /* and 2 MiB this reader protects */
+    void **p = raw_array(100000);
+    for (size_t i = 0; i < 100000; i++) {
+        p[i] = gs_malloc(64);
+        CHILD_CHECK(p[i] != NULL, "gs_malloc(64) #%zu in a reader", i);
+        memset(p[i], 7, 64);
+    }
+    for (size_t i = 0; i < 100000; i++)
+        gs_free(p[i]);
+    gs_rcu_read_unlock();
+}
+
+static void reader_calloc_realloc(void *arg)
+{
+    (void)arg;
+    alarm(10);
+    defer_lots(32768, 64);
+    gs_rcu_read_lock();
+    gs_rcu_read_lock(); /* nested */
+    defer_lots(4096, 6400); /* another class pending in-section */
+    for (int i = 0; i < 2000; i++) {
+        unsigned char *c = gs_calloc(8, 8);
+        CHILD_CHECK(c != NULL, "");
+        for (int k = 0; k < 64; k++)
+            CHILD_CHECK(c[k] == 0, "calloc not zeroed");
+        c = gs_realloc(c, 200);         /* another class */
+        CHILD_CHECK(c != NULL, "");
+        c = gs_realloc(c, 100 << 10);   /* small -> large */
+        CHILD_CHECK(c != NULL, "");
+        c = gs_realloc(c, 300 << 10);   /* large grows */
+        CHILD_CHECK(c != NULL, "");
+        c = gs_realloc(c, 24);          /* large -> small */
+        CHILD_CHECK(c != NULL, "");
+        void *a = gs_aligned_alloc(4096, 100);
+        CHILD_CHECK(a != NULL && ((uintptr_t)a & 4095) == 0, "");
+        gs_free(a);
+        gs_free(c);
+    }
+    gs_rcu_read_unlock();
+    gs_rcu_read_unlock();
+}
+
+static void *alloc_one_64(void *arg)
+{
+    *(void **)arg = gs_malloc(64);
+    return NULL;
+}
+
+static void reader_free_rcu_and_reclaim(void *arg)
+{
+    (void)arg;
+    alarm(10);
+    /* Nothing pending, then defer inside the section: gs_reclaim there only
+       polls and must not make any of it reusable. */
+    while (gs_reclaim(SIZE_MAX))
+        ;
+    void *remote = NULL;
+    pthread_t t;
+    CHILD_CHECK(pthread_create(&t, NULL, alloc_one_64, &remote) == 0, "");
+    pthread_join(t, NULL);
+    CHILD_CHECK(remote != NULL, "");
+    void *small = gs_malloc(64), *large = gs_malloc(1 << 20);
+    CHILD_CHECK(small && large, "");
+    size_t want = gs_usable_size(small) + gs_usable_size(large) + gs_usable_size(remote);
+    gs_rcu_read_lock();
+    gs_free_rcu(small);
+    gs_free_rcu(large);
+    gs_free_rcu(remote);
+    gs_free_rcu(NULL);
+    for (int i = 0; i < 3; i++) {
+        size_t r = gs_reclaim(SIZE_MAX);
+        CHILD_CHECK(r == 0, "gs_reclaim in the reader made %zu bytes reusable that the "
+                            "reader still protects", r);
+    }
+    struct gs_stats st;
+    gs_stats_get(&st);
+    CHILD_CHECK(st.pending_objects == 3, "pending %zu, expected 3", st.pending_objects);
+    /* Allocation in the section with pending memory around must not hand
+       out a protected object. */
+    for (int i = 0; i < 1000; i++) {
+        void *p = gs_malloc(64);
+        CHILD_CHECK(p != small && p != remote, "a pending object was handed out in its reader");
+    }
+    gs_rcu_read_unlock();
+    size_t r = gs_reclaim(SIZE_MAX);
+    CHILD_CHECK(r == want, "gs_reclaim after the section returned %zu, expected %zu", r, want);
+}
+
+Test(in_reader, malloc_free_never_wait, .timeout = 60)
+{
+    struct gst_child c;
+    cr_assert(gst_run_child(reader_malloc_free, NULL, &c));
+    assert_child_ok(&c, "malloc/free in a reader");
+}
+
+Test(in_reader, calloc_realloc_aligned_never_wait, .timeout = 60)
+{
+    struct gst_child c;
+    cr_assert(gst_run_child(reader_calloc_realloc, NULL, &c));
+    assert_child_ok(&c, "calloc/realloc in a reader");
+}
+
+Test(in_reader, free_rcu_and_reclaim_only_poll, .timeout = 60)
+{
+    struct gst_child c;
+    cr_assert(gst_run_child(reader_free_rcu_and_reclaim, NULL, &c));
+    assert_child_ok(&c, "gs_free_rcu/gs_reclaim in a reader");
+}
+
+/* ---------------------------------------------------- gs_reclaim exact */
+
+Test(reclaim, returns_exact_usable_bytes, .timeout = 60)
+{
+    static const size_t sizes[] = {1, 16, 17, 48, 100, 1000, 1024, 5000, 32768, 40000, 300000};
+    enum { PER = 50, NS = sizeof sizes / sizeof sizes[0] };
+    void *p[NS][PER];
+    size_t want = 0;
+    size_t want_class[GS_STATS_CLASSES] = {0};
+    struct gs_stats st0, st1, st2;
+    gs_stats_get(&st0);
+    for (int s = 0; s < NS; s++)
+        for (int i = 0; i < PER; i++) {
+            p[s][i] = gs_malloc(sizes[s]);
+            cr_assert_not_null(p[s][i]);
+        }
+    drain_pending();
+    gs_stats_get(&st0);
+    for (int s = 0; s < NS; s++)
+        for (int i = 0; i < PER; i++) {
+            size_t u = gs_usable_size(p[s][i]);
+            cr_assert_geq(u, sizes[s]);
+            want += u;
+            int c = class_index(&st0, u);
+            if (sizes[s] <= 32768) {
+                cr_assert_geq(c, 0, "no class of size %zu in gs_stats", u);
+                want_class[c]++;
+            }
+            gs_free_rcu(p[s][i]);
+        }
+    gs_stats_get(&st1);
+    cr_assert_eq(st1.pending_objects, st0.pending_objects + NS * PER);
+    cr_assert_eq(st1.pending_bytes, st0.pending_bytes + want, "pending bytes %zu, expected %zu",
+                 st1.pending_bytes - st0.pending_bytes, want);
+    for (unsigned c = 0; c < st1.nclasses; c++) {
+        cr_assert_eq(st1.class_pending_objects[c], st0.class_pending_objects[c] + want_class[c],
+                     "class %zu B: %zu pending, expected %zu", st1.class_size[c],
+                     st1.class_pending_objects[c], want_class[c]);
+        cr_assert_eq(st1.class_pending_bytes[c], st1.class_pending_objects[c] * st1.class_size[c]);
+    }
+
+    size_t got = gs_reclaim(SIZE_MAX);
+    cr_assert_eq(got, want, "gs_reclaim returned %zu, the deferred blocks' usable sizes sum "
+                            "to %zu", got, want);
+    gs_stats_get(&st2);
+    cr_assert_eq(st2.pending_objects, 0);
+    cr_assert_eq(st2.pending_bytes, 0);
+    for (unsigned c = 0; c < st2.nclasses; c++)
+        cr_assert_eq(st2.class_pending_objects[c], 0);
+    cr_assert_eq(st2.reclaimed_objects, st1.reclaimed_objects + NS * PER);
+    cr_assert_gt(st2.gp_completed, st1.gp_completed);
+    cr_assert_geq(st2.gp_started, st2.gp_completed);
+    /* Nothing left: a second call reclaims nothing. */
+    cr_assert_eq(gs_reclaim(SIZE_MAX), 0);
+}
+
+/* ---------------------------------------------------------- thread exit */
+
+struct exit_args {
+    void **own;     /* allocated and deferred by the thread */
+    void **foreign; /* allocated by the main thread, deferred by the thread */
+    size_t n;
+};
+
+static void *defer_and_exit(void *arg)
+{
+    struct exit_args *a = arg;
+    for (size_t i = 0; i < a->n; i++) {
+        a->own[i] = gs_malloc(32 + i % 200);
+        memset(a->own[i], 3, 32);
+    }
+    for (size_t i = 0; i < a->n; i++) {
+        gs_free_rcu(a->own[i]);
+        gs_free_rcu(a->foreign[i]);
+    }
+    return NULL;
+}
+
+Test(thread_exit, deferred_objects_are_reclaimed, .timeout = 60)
+{
+    enum { N = 5000 };
+    static void *own[N], *foreign[N];
+    for (size_t i = 0; i < N; i++)
+        cr_assert_not_null(foreign[i] = gs_malloc(i % 3 ? 80 : 50000));
+    drain_pending();
+    struct gs_stats st0, st1, st2;
+    gs_stats_get(&st0);
+    struct exit_args a = {own, foreign, N};
+    for (int round = 0; round < 2; round++) {
+        pthread_t t;
+        cr_assert_eq(pthread_create(&t, NULL, defer_and_exit, &a), 0);
+        pthread_join(t, NULL);
+        gs_stats_get(&st1);
+        size_t want = 0;
+        for (size_t i = 0; i < N; i++)
+            want += gs_usable_size(own[i]) + gs_usable_size(foreign[i]);
+        cr_assert_eq(st1.pending_objects, 2 * N, "pending %zu after the thread exited",
+                     st1.pending_objects);
+        cr_assert_eq(st1.pending_bytes, want);
+        size_t got = 0;
+        for (int i = 0; i < 10 && got < want; i++)
+            got += gs_reclaim(SIZE_MAX);
+        cr_assert_eq(got, want, "reclaimed %zu of %zu bytes deferred by an exited thread", got,
+                     want);
+        gs_stats_get(&st2);
+        cr_assert_eq(st2.pending_objects, 0);
+        cr_assert_eq(st2.reclaimed_objects, st1.reclaimed_objects + 2 * N);
+        for (size_t i = 0; i < N; i++)
+            cr_assert_not_null(foreign[i] = gs_malloc(i % 3 ? 80 : 50000));
+    }
+    (void)st0;
+}
+
+/* ------------------------------------------------------------ bad input */
+
+enum bad_kind {
+    FREE_RCU_TWICE_SMALL,
+    FREE_RCU_TWICE_LARGE,
+    FREE_RCU_TWICE_OTHER_THREAD,
+    FREE_AFTER_FREE_RCU_SMALL,
+    FREE_AFTER_FREE_RCU_LARGE,
+    FREE_RCU_AFTER_FREE,
+    FREE_RCU_STACK,
+    FREE_RCU_STATIC,
+    FREE_RCU_MMAP,
+    FREE_RCU_INTERIOR,
+    REALLOC_AFTER_FREE_RCU,
+};
+
+struct bad_case {
+    enum bad_kind kind;
+    void *ptr; /* filled by the child, reported through the pipe below */
+    int fd;
+};
+
+static char static_object[256] __attribute__((aligned(64)));
+
+static void *free_rcu_thread(void *p)
+{
+    gs_free_rcu(p);
+    return NULL;
+}
+
+static void bad_child(void *arg)
+{
+    struct bad_case *bc = arg;
+    char stack_object[64];
+    void *keep = gs_malloc(64); /* keeps the small slab alive */
+    void *p = NULL;
+    switch (bc->kind) {
+    case FREE_RCU_TWICE_SMALL:
+    case FREE_AFTER_FREE_RCU_SMALL:
+    case FREE_RCU_AFTER_FREE:
+    case FREE_RCU_INTERIOR:
+    case REALLOC_AFTER_FREE_RCU:
+    case FREE_RCU_TWICE_OTHER_THREAD:
+        p = gs_malloc(64);
+        break;
+    case FREE_RCU_TWICE_LARGE:
+    case FREE_AFTER_FREE_RCU_LARGE:
+        p = gs_malloc(100 << 10);
+        break;
+    case FREE_RCU_STACK:
+        p = stack_object;
+        break;
+    case FREE_RCU_STATIC:
+        p = static_object;
+        break;
+    case FREE_RCU_MMAP:
+        p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        break;
+    }
+    void *bad = bc->kind == FREE_RCU_INTERIOR ? (char *)p + 16 : p;
+    ssize_t w = write(bc->fd, &bad, sizeof bad);
+    (void)w;
+    switch (bc->kind) {
+    case FREE_RCU_TWICE_SMALL:
+    case FREE_RCU_TWICE_LARGE:
+        gs_free_rcu(p);
+        gs_free_rcu(p);
+        break;
+    case FREE_RCU_TWICE_OTHER_THREAD: {
+        gs_free_rcu(p);
+        pthread_t t;
+        pthread_create(&t, NULL, free_rcu_thread, p);
+        pthread_join(t, NULL);
+        break;
+    }
+    case FREE_AFTER_FREE_RCU_SMALL:
+    case FREE_AFTER_FREE_RCU_LARGE:
+        gs_free_rcu(p);
+        gs_free(p);
+        break;
+    case REALLOC_AFTER_FREE_RCU:
+        gs_free_rcu(p);
+        p = gs_realloc(p, 20000);
+        break;
+    case FREE_RCU_AFTER_FREE:
+        gs_free(p);
+        gs_free_rcu(p);
+        break;
+    default:
+        gs_free_rcu(bad);
+        break;
+    }
+    (void)keep;
+    /* Reaching this point is the failure: the parent expects SIGABRT. */
+}
+
+static void expect_abort(enum bad_kind kind, const char *prefix)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    struct bad_case bc = {kind, NULL, fds[1]};
+    struct gst_child c;
+    cr_assert(gst_run_child(bad_child, &bc, &c));
+    close(fds[1]);
+    void *bad = NULL;
+    cr_assert_eq(read(fds[0], &bad, sizeof bad), (ssize_t)sizeof bad);
+    close(fds[0]);
+    cr_assert(gst_child_aborted(&c), "expected SIGABRT, got status 0x%x; stderr:\n%s", c.status,
+              c.err);
+    char ptr[32];
+    snprintf(ptr, sizeof ptr, "0x%lx", (unsigned long)(uintptr_t)bad);
+    cr_assert(strncmp(c.err, prefix, strlen(prefix)) == 0, "stderr does not start with \"%s\":\n%s",
+              prefix, c.err);
+    char *nl = strchr(c.err, '\n');
+    cr_assert(nl && nl[1] == 0, "expected exactly one line on stderr:\n%s", c.err);
+    *nl = 0;
+    const char *hit = strstr(c.err, ptr);
+    cr_assert(hit && (hit[strlen(ptr)] == 0 || hit[strlen(ptr)] == ' '),
+              "the line does not name the pointer %s:\n%s", ptr, c.err);
+}
+
+Test(bad_input, free_rcu_twice_small) { expect_abort(FREE_RCU_TWICE_SMALL, "graceslab: gs_free_rcu(): "); }
+Test(bad_input, free_rcu_twice_large) { expect_abort(FREE_RCU_TWICE_LARGE, "graceslab: gs_free_rcu(): "); }
+Test(bad_input, free_rcu_twice_from_another_thread)
+{
+    expect_abort(FREE_RCU_TWICE_OTHER_THREAD, "graceslab: gs_free_rcu(): ");
+}
+Test(bad_input, free_after_free_rcu_small) { expect_abort(FREE_AFTER_FREE_RCU_SMALL, "graceslab: free(): "); }
+Test(bad_input, free_after_free_rcu_large) { expect_abort(FREE_AFTER_FREE_RCU_LARGE, "graceslab: free(): "); }
+Test(bad_input, realloc_after_free_rcu) { expect_abort(REALLOC_AFTER_FREE_RCU, "graceslab: realloc(): "); }
+Test(bad_input, free_rcu_after_free) { expect_abort(FREE_RCU_AFTER_FREE, "graceslab: gs_free_rcu(): "); }
+Test(bad_input, free_rcu_stack_pointer) { expect_abort(FREE_RCU_STACK, "graceslab: gs_free_rcu(): "); }
+Test(bad_input, free_rcu_static_pointer) { expect_abort(FREE_RCU_STATIC, "graceslab: gs_free_rcu(): "); }
+Test(bad_input, free_rcu_mmap_pointer) { expect_abort(FREE_RCU_MMAP, "graceslab: gs_free_rcu(): "); }
+Test(bad_input, free_rcu_interior_pointer) { expect_abort(FREE_RCU_INTERIOR, "graceslab: gs_free_rcu(): "); }
