@@ -1,0 +1,369 @@
+/*
+ * Allocator stress (linked with libgraceslab.so, like a program):
+ *   cross_thread    >= 8 threads (oversubscribed), random sizes 1 B..64 KiB
+ *                   plus some large, content patterns written at malloc and
+ *                   verified before free, cross-thread frees through shared
+ *                   queues.
+ *   fork            fork while other threads allocate; the child allocates,
+ *                   frees, starts threads and exits 0.
+ *   thread_churn    10,000 short threads, each allocating and freeing and
+ *                   leaving some objects for the main thread; mapped memory
+ *                   must stay bounded.
+ *   memory_return   512 MiB of small objects freed: RSS drops by >= 80%
+ *                   within one second, with no further malloc call.
+ * GS_STRESS_SECONDS (default 3) sets the length of the timed tests.
+ */
+#include <criterion/criterion.h>
+
+#include "graceslab.h"
+#include "../common.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+static double stress_seconds(void)
+{
+    const char *s = getenv("GS_STRESS_SECONDS");
+    double v = s ? atof(s) : 0;
+    return v > 0 ? v : 3.0;
+}
+
+/* Log-uniform sizes 1 B..64 KiB, one in 200 large (64 KiB..2 MiB). */
+static size_t random_size(uint64_t *rng)
+{
+    uint64_t r = gst_rand(rng);
+    if (r % 200 == 0)
+        return 65536 + (size_t)(gst_rand(rng) % (2 << 20));
+    unsigned bits = (unsigned)(r >> 8) % 17;
+    return 1 + (size_t)(gst_rand(rng) % ((uint64_t)1 << bits));
+}
+
+struct block {
+    unsigned char *p;
+    size_t size;
+};
+
+static uintptr_t seed_of(const struct block *b)
+{
+    return (uintptr_t)b->p ^ b->size;
+}
+
+static atomic_long failures;
+static char failure_msg[256];
+
+static void verify_and_free(struct block b, const char *where)
+{
+    size_t bad = gst_check(b.p, b.size, seed_of(&b));
+    if (bad != b.size) {
+        if (atomic_fetch_add(&failures, 1) == 0)
+            snprintf(failure_msg, sizeof failure_msg,
+                     "%s: block %p of %zu bytes corrupted at byte %zu", where, (void *)b.p,
+                     b.size, bad);
+    }
+    free(b.p);
+}
+
+static bool new_block(struct block *b, uint64_t *rng)
+{
+    b->size = random_size(rng);
+    b->p = malloc(b->size);
+    if (!b->p) {
+        if (atomic_fetch_add(&failures, 1) == 0)
+            snprintf(failure_msg, sizeof failure_msg, "malloc(%zu) failed", b->size);
+        return false;
+    }
+    if ((uintptr_t)b->p % 16 && atomic_fetch_add(&failures, 1) == 0)
+        snprintf(failure_msg, sizeof failure_msg, "malloc(%zu) = %p misaligned", b->size,
+                 (void *)b->p);
+    gst_fill(b->p, b->size, seed_of(b));
+    return true;
+}
+
+/* ------------------------------------------------------- shared queues */
+
+#define QCAP 1024
+struct queue {
+    pthread_mutex_t lock;
+    struct block items[QCAP];
+    unsigned head, count;
+};
+
+static bool queue_push(struct queue *q, struct block b)
+{
+    bool ok = false;
+    pthread_mutex_lock(&q->lock);
+    if (q->count < QCAP) {
+        q->items[(q->head + q->count++) % QCAP] = b;
+        ok = true;
+    }
+    pthread_mutex_unlock(&q->lock);
+    return ok;
+}
+
+static bool queue_pop(struct queue *q, struct block *b)
+{
+    bool ok = false;
+    pthread_mutex_lock(&q->lock);
+    if (q->count) {
+        *b = q->items[q->head];
+        q->head = (q->head + 1) % QCAP;
+        q->count--;
+        ok = true;
+    }
+    pthread_mutex_unlock(&q->lock);
+    return ok;
+}
+
+/* ------------------------------------------------------- cross-thread */
+
+#define NTHREADS 8
+#define LOCAL 256
+
+static struct queue queues[NTHREADS];
+static atomic_int stop;
+
+struct worker {
+    pthread_t t;
+    int id;
+    uint64_t rng;
+    long ops, remote_frees;
+};
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    struct block local[LOCAL];
+    unsigned nlocal = 0;
+    while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
+        uint64_t r = gst_rand(&w->rng) % 8;
+        struct block b;
+        if (r < 3) {
+            if (nlocal < LOCAL && new_block(&b, &w->rng))
+                local[nlocal++] = b;
+        } else if (r < 5) {
+            /* Hand a fresh block to another thread. */
+            int to = (int)(gst_rand(&w->rng) % NTHREADS);
+            if (to != w->id && new_block(&b, &w->rng) && !queue_push(&queues[to], b))
+                verify_and_free(b, "own (queue full)");
+        } else if (r < 7) {
+            if (queue_pop(&queues[w->id], &b)) {
+                verify_and_free(b, "remote");
+                w->remote_frees++;
+            }
+        } else if (nlocal) {
+            unsigned i = (unsigned)(gst_rand(&w->rng) % nlocal);
+            verify_and_free(local[i], "local");
+            local[i] = local[--nlocal];
+        }
+        w->ops++;
+    }
+    while (nlocal)
+        verify_and_free(local[--nlocal], "local at exit");
+    return NULL;
+}
+
+Test(stress_malloc, cross_thread, .timeout = 600)
+{
+    struct gs_stats before, after;
+    static struct worker w[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_mutex_init(&queues[i].lock, NULL);
+    free(malloc(1));
+    gs_stats_get(&before);
+    for (int i = 0; i < NTHREADS; i++) {
+        w[i].id = i;
+        w[i].rng = 0x1234567ull * (uint64_t)(i + 1);
+        cr_assert_eq(pthread_create(&w[i].t, NULL, worker_main, &w[i]), 0);
+    }
+    gst_sleep_ms((long)(stress_seconds() * 1000));
+    atomic_store(&stop, 1);
+    long ops = 0, remote = 0;
+    for (int i = 0; i < NTHREADS; i++) {
+        pthread_join(w[i].t, NULL);
+        ops += w[i].ops;
+        remote += w[i].remote_frees;
+    }
+    struct block b;
+    for (int i = 0; i < NTHREADS; i++)
+        while (queue_pop(&queues[i], &b))
+            verify_and_free(b, "drain");
+    cr_assert_eq(atomic_load(&failures), 0, "%ld failures, first: %s", atomic_load(&failures),
+                 failure_msg);
+    cr_assert_gt(remote, 1000, "only %ld cross-thread frees in %ld ops", remote, ops);
+    gs_stats_get(&after);
+    /* Everything was freed: live bytes are back (thread exit may leave a
+       few small libc blocks). */
+    cr_assert_leq(after.allocated_bytes, before.allocated_bytes + (64 << 10),
+                  "live bytes %zu, were %zu", after.allocated_bytes, before.allocated_bytes);
+}
+
+/* ------------------------------------------------------------- fork */
+
+static void *fork_child_thread(void *arg)
+{
+    uint64_t rng = (uintptr_t)arg;
+    struct block b[64];
+    for (int round = 0; round < 20; round++) {
+        for (int i = 0; i < 64; i++)
+            if (!new_block(&b[i], &rng))
+                return (void *)1;
+        for (int i = 0; i < 64; i++)
+            verify_and_free(b[i], "fork child thread");
+    }
+    return NULL;
+}
+
+static void fork_child(void *arg)
+{
+    (void)arg;
+    atomic_store(&failures, 0);
+    if (fork_child_thread((void *)99))
+        _exit(2);
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        if (pthread_create(&t[i], NULL, fork_child_thread, (void *)(uintptr_t)(i + 1)))
+            _exit(3);
+    for (int i = 0; i < 4; i++) {
+        void *ret;
+        pthread_join(t[i], &ret);
+        if (ret)
+            _exit(4);
+    }
+    _exit(atomic_load(&failures) ? 5 : 0);
+}
+
+Test(stress_malloc, fork_while_allocating, .timeout = 600)
+{
+    static struct worker w[6];
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_mutex_init(&queues[i].lock, NULL);
+    for (int i = 0; i < 6; i++) {
+        w[i].id = i;
+        w[i].rng = 0xabcdefull * (uint64_t)(i + 1);
+        cr_assert_eq(pthread_create(&w[i].t, NULL, worker_main, &w[i]), 0);
+    }
+    double end = gst_now_s() + stress_seconds();
+    int forks = 0;
+    while (forks < 10 || gst_now_s() < end) {
+        struct gst_child c;
+        cr_assert(gst_run_child(fork_child, NULL, &c), "fork failed");
+        cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0,
+                  "fork %d: child status %#x (signal %d; SIGALRM = deadlock), stderr: %s", forks,
+                  c.status, WIFSIGNALED(c.status) ? WTERMSIG(c.status) : 0, c.err);
+        forks++;
+        gst_sleep_ms(10);
+    }
+    atomic_store(&stop, 1);
+    for (int i = 0; i < 6; i++)
+        pthread_join(w[i].t, NULL);
+    struct block b;
+    for (int i = 0; i < NTHREADS; i++)
+        while (queue_pop(&queues[i], &b))
+            verify_and_free(b, "drain");
+    cr_assert_eq(atomic_load(&failures), 0, "first failure: %s", failure_msg);
+}
+
+/* ------------------------------------------------------- thread churn */
+
+#define CHURN_THREADS 10000
+#define CHURN_BATCH 8
+#define CHURN_LEFT 5
+/* The documented bound: after a warm-up of 1,000 threads, the remaining
+   9,000 may add at most this much mapped memory (heaps are pooled, slabs
+   left behind are adopted): a leak of one slab per thread would be 560 MiB. */
+#define CHURN_GROWTH_BOUND ((size_t)32 << 20)
+
+struct churner {
+    pthread_t t;
+    uint64_t rng;
+    struct block left[CHURN_LEFT];
+};
+
+static void *churn_main(void *arg)
+{
+    struct churner *c = arg;
+    struct block b[20];
+    for (int i = 0; i < 20; i++)
+        if (!new_block(&b[i], &c->rng))
+            b[i].p = NULL;
+    for (int i = CHURN_LEFT; i < 20; i++)
+        if (b[i].p)
+            verify_and_free(b[i], "churn thread");
+    for (int i = 0; i < CHURN_LEFT; i++)
+        c->left[i] = b[i];
+    return NULL;
+}
+
+Test(stress_malloc, thread_churn, .timeout = 600)
+{
+    static struct churner c[CHURN_BATCH];
+    struct gs_stats st;
+    size_t warm_mapped = 0, warm_rss = 0, max_mapped = 0;
+    for (int done = 0; done < CHURN_THREADS; done += CHURN_BATCH) {
+        for (int i = 0; i < CHURN_BATCH; i++) {
+            c[i].rng = (uint64_t)(done + i + 1) * 0x9E3779B97F4A7C15ull;
+            cr_assert_eq(pthread_create(&c[i].t, NULL, churn_main, &c[i]), 0);
+        }
+        for (int i = 0; i < CHURN_BATCH; i++) {
+            pthread_join(c[i].t, NULL);
+            for (int k = 0; k < CHURN_LEFT; k++)
+                if (c[i].left[k].p)
+                    verify_and_free(c[i].left[k], "left by a thread");
+        }
+        gs_stats_get(&st);
+        if (st.mapped_bytes > max_mapped)
+            max_mapped = st.mapped_bytes;
+        if (done + CHURN_BATCH == 1000) {
+            warm_mapped = max_mapped;
+            warm_rss = gst_rss_bytes();
+        }
+    }
+    cr_assert_eq(atomic_load(&failures), 0, "first failure: %s", failure_msg);
+    cr_assert_leq(max_mapped, warm_mapped + CHURN_GROWTH_BOUND,
+                  "mapped grew from %zu to %zu bytes over 9000 threads", warm_mapped, max_mapped);
+    size_t rss = gst_rss_bytes();
+    cr_assert_leq(rss, warm_rss + CHURN_GROWTH_BOUND, "RSS grew from %zu to %zu bytes",
+                  warm_rss, rss);
+    gs_stats_get(&st);
+    cr_assert_leq(st.heaps, 4 * CHURN_BATCH, "%zu heaps for %d concurrent threads", st.heaps,
+                  CHURN_BATCH);
+}
+
+/* ------------------------------------------------------- memory return */
+
+#define RETURN_BYTES ((size_t)512 << 20)
+
+Test(stress_malloc, memory_return, .timeout = 600)
+{
+    size_t n = RETURN_BYTES / 160; /* 64 B and 256 B alternately */
+    size_t map_len = n * sizeof(void *);
+    void **ptrs = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(ptrs, MAP_FAILED);
+    memset(ptrs, 0, map_len); /* resident before the baseline */
+    size_t rss0 = gst_rss_bytes_raw();
+    for (size_t i = 0; i < n; i++) {
+        size_t size = i & 1 ? 256 : 64;
+        ptrs[i] = malloc(size);
+        cr_assert_not_null(ptrs[i]);
+        memset(ptrs[i], (int)i, size);
+    }
+    size_t rss1 = gst_rss_bytes_raw();
+    cr_assert_geq(rss1, rss0 + RETURN_BYTES * 9 / 10, "RSS %zu -> %zu for 512 MiB", rss0, rss1);
+    for (size_t i = 0; i < n; i++)
+        free(ptrs[i]);
+    size_t target = rss1 - (rss1 - rss0) * 8 / 10, rss = 0;
+    double start = gst_now_s();
+    do {
+        rss = gst_rss_bytes_raw();
+        if (rss <= target)
+            break;
+        gst_sleep_ms(10);
+    } while (gst_now_s() - start < 1.0);
+    munmap(ptrs, map_len);
+    cr_assert_leq(rss, target,
+                  "RSS %zu MiB before, %zu MiB with 512 MiB live, %zu MiB 1 s after freeing "
+                  "(need <= %zu MiB)",
+                  rss0 >> 20, rss1 >> 20, rss >> 20, target >> 20);
+}
