@@ -132,12 +132,8 @@ GS_EXPORT void *gs_cache_alloc(struct gs_cache *c)
         c->current = s;
         s->wait_cookie = 0;
     }
-    uint32_t idx = s->free_head;
-    s->free_head = gsi_link_load(s, idx);
-    gsi_link_store(s, idx, GS_LINK_ALLOCATED);
-    s->used++;
+    void *p = gsi_slab_pop(s);
     s->wait_cookie = 0;
-    void *p = s->start + (size_t)idx * s->obj_size;
     pthread_mutex_unlock(&c->lock);
     return p;
 }
@@ -171,8 +167,7 @@ GS_EXPORT void gs_cache_free(struct gs_cache *c, void *p)
         pthread_mutex_unlock(&c->lock);
         gsi_bad_free("gs_cache_free", p, v);
     }
-    gsi_link_store(s, idx, (uint16_t)s->free_head);
-    s->free_head = idx;
+    gsi_slab_push(s, idx, p);
     if (--s->used == 0 && s != c->current)
         retire_empty_locked(c);
     pthread_mutex_unlock(&c->lock);

@@ -403,11 +403,7 @@ void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size)
             return NULL;
         }
     }
-    uint32_t idx = s->free_head;
-    s->free_head = gsi_link_load(s, idx);
-    gsi_link_store(s, idx, GS_LINK_ALLOCATED);
-    s->used++;
-    return s->start + (size_t)idx * s->obj_size;
+    return gsi_slab_pop(s);
 }
 
 /* ------------------------------------------------------------------ frees */
@@ -417,8 +413,7 @@ void gsi_heap_free_local(struct gs_heap *h, struct gs_slab *s, uint32_t idx)
     uint16_t v = gsi_link_load(s, idx);
     if (GS_UNLIKELY(v != GS_LINK_ALLOCATED))
         gsi_bad_free("free", s->start + (size_t)idx * s->obj_size, v);
-    gsi_link_store(s, idx, (uint16_t)s->free_head);
-    s->free_head = idx;
+    gsi_slab_push(s, idx, s->start + (size_t)idx * s->obj_size);
     if (--s->used == 0)
         gsi_heap_slab_empty(h, s);
 }

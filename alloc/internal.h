@@ -115,6 +115,9 @@ struct gs_slab {
        the thread holding the segment lock while the slab is unused) --- */
     uint16_t *link;          /* per-object links, capacity + 1 entries */
     char *start;             /* first object */
+    char *free_ptr;          /* address of object free_head (cached so that
+                                malloc returns it without a multiply on the
+                                free -> malloc dependency chain) */
     uint32_t free_head;      /* local free list head, GS_LINK_END if empty */
     uint32_t used;           /* see invariant above */
     uint32_t obj_size;       /* bytes per object (class size) */
@@ -310,6 +313,29 @@ GS_INLINE uint16_t gsi_link_load(const struct gs_slab *s, uint32_t idx)
 GS_INLINE void gsi_link_store(struct gs_slab *s, uint32_t idx, uint16_t v)
 {
     __atomic_store_n(&s->link[idx], v, __ATOMIC_RELAXED);
+}
+/* Owner: the local free list head is idx (free_ptr follows it). */
+GS_INLINE void gsi_slab_set_head(struct gs_slab *s, uint32_t idx)
+{
+    s->free_head = idx;
+    s->free_ptr = s->start + (size_t)idx * s->obj_size;
+}
+/* Owner: pops the local free list head (not empty) and marks it allocated. */
+GS_INLINE void *gsi_slab_pop(struct gs_slab *s)
+{
+    char *p = s->free_ptr;
+    uint32_t idx = s->free_head;
+    gsi_slab_set_head(s, gsi_link_load(s, idx));
+    gsi_link_store(s, idx, GS_LINK_ALLOCATED);
+    s->used++;
+    return p;
+}
+/* Owner: pushes object idx at p onto the local free list. */
+GS_INLINE void gsi_slab_push(struct gs_slab *s, uint32_t idx, void *p)
+{
+    gsi_link_store(s, idx, (uint16_t)s->free_head);
+    s->free_head = idx;
+    s->free_ptr = p;
 }
 void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls);
 /* Owner: moves up to `want` never-used objects onto the local list. */

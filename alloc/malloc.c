@@ -28,13 +28,9 @@
 GS_INLINE void *alloc_class(struct gs_heap *h, unsigned cls, size_t size)
 {
     struct gs_slab *s = h->active[cls];
-    uint32_t idx = s->free_head;
-    if (GS_UNLIKELY(idx == GS_LINK_END))
+    if (GS_UNLIKELY(s->free_head == GS_LINK_END))
         return gsi_heap_alloc_slow(h, cls, size);
-    s->free_head = gsi_link_load(s, idx);
-    gsi_link_store(s, idx, GS_LINK_ALLOCATED);
-    s->used++;
-    return s->start + (size_t)idx * s->obj_size;
+    return gsi_slab_pop(s);
 }
 
 static GS_NOINLINE void *malloc_large(size_t size)
@@ -48,10 +44,19 @@ static GS_NOINLINE void *malloc_large(size_t size)
     return gsi_large_alloc(size, 16, false);
 }
 
+static GS_NOINLINE void *malloc_small_slow(size_t size)
+{
+    return gsi_heap_alloc_slow(gsi_tls_heap, gsi_size_class(size), size);
+}
+
 GS_EXPORT void *gs_malloc(size_t size)
 {
-    if (GS_LIKELY(size <= 1024))
-        return alloc_class(gsi_tls_heap, gsi_class_of_small[(size + 15) >> 4], size);
+    if (GS_LIKELY(size <= 1024)) {
+        struct gs_slab *s = gsi_tls_heap->active[gsi_class_of_small[(size + 15) >> 4]];
+        if (GS_LIKELY(s->free_head != GS_LINK_END))
+            return gsi_slab_pop(s);
+        return malloc_small_slow(size);
+    }
     return malloc_large(size);
 }
 
@@ -66,8 +71,7 @@ GS_EXPORT void gs_free(void *p)
         if (GS_LIKELY(atomic_load_explicit(&s->owner_heap, memory_order_relaxed) == h)) {
             long idx = gsi_slab_index(s, p);
             if (GS_LIKELY(idx >= 0 && gsi_link_load(s, (uint32_t)idx) == GS_LINK_ALLOCATED)) {
-                gsi_link_store(s, (uint32_t)idx, (uint16_t)s->free_head);
-                s->free_head = (uint32_t)idx;
+                gsi_slab_push(s, (uint32_t)idx, p);
                 if (GS_LIKELY(--s->used != 0))
                     return;
                 gsi_heap_slab_empty(h, s);

@@ -209,7 +209,7 @@ uint32_t gsi_pending_reclaim_local(struct gs_slab *s)
             continue;
         uint32_t tail = retag_chain(s, GS_P_HEAD(w), n, 0);
         gsi_link_store(s, tail, (uint16_t)s->free_head);
-        s->free_head = GS_P_HEAD(w);
+        gsi_slab_set_head(s, GS_P_HEAD(w));
         GS_ASSERT(s->used >= n);
         s->used -= n;
         total += n;

@@ -68,7 +68,7 @@ uint32_t gsi_slab_extend(struct gs_slab *s, uint32_t want)
     for (uint32_t i = first; i < last; i++)
         gsi_link_store(s, i, (uint16_t)(i + 1));
     gsi_link_store(s, last, (uint16_t)s->free_head);
-    s->free_head = first;
+    gsi_slab_set_head(s, first);
     s->bump += n;
     return n;
 }
@@ -94,7 +94,7 @@ uint32_t gsi_slab_collect(struct gs_slab *s)
     }
     GS_ASSERT_EXPENSIVE((gsi_link_load(s, i) & ~GS_LINK_INDEX) == GS_LINK_REMOTE);
     gsi_link_store(s, i, (uint16_t)s->free_head);
-    s->free_head = head;
+    gsi_slab_set_head(s, head);
     GS_ASSERT(s->used >= n);
     s->used -= n;
     return n;
