@@ -386,6 +386,8 @@ void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size)
         /* First allocation of this thread (or of the process: the class
            table may not have been ready when cls was computed). */
         h = gsi_heap_get();
+        if (!h && gsi_oom_reclaim())
+            h = gsi_heap_get();
         if (!h) {
             errno = ENOMEM;
             return NULL;
@@ -408,11 +410,11 @@ void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size)
 
 /* ------------------------------------------------------------------ frees */
 
-void gsi_heap_free_local(struct gs_heap *h, struct gs_slab *s, uint32_t idx)
+void gsi_heap_free_local(struct gs_heap *h, struct gs_slab *s, uint32_t idx, const char *call)
 {
     uint16_t v = gsi_link_load(s, idx);
     if (GS_UNLIKELY(v != GS_LINK_ALLOCATED))
-        gsi_bad_free("free", s->start + (size_t)idx * s->obj_size, v);
+        gsi_bad_free(call, s->start + (size_t)idx * s->obj_size, v);
     gsi_slab_push(s, idx, s->start + (size_t)idx * s->obj_size);
     if (--s->used == 0)
         gsi_heap_slab_empty(h, s);
@@ -428,6 +430,23 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
     unlink_owned(h, s);
     gsi_orphan_remove(s);
     gsi_slab_retire(s);
+}
+
+/* A sweep reclaimed pending objects of s, which h owns and keeps on one of
+   its lists: an emptied slab goes back to its segment, a waiting slab that
+   now has free objects becomes partial. */
+void gsi_heap_slab_reclaimed(struct gs_heap *h, struct gs_slab *s)
+{
+    if (s->where == GS_IN_ACTIVE)
+        return;
+    if (s->used == 0) {
+        gsi_heap_slab_empty(h, s);
+        return;
+    }
+    if (s->where == GS_IN_WAITING && s->free_head != GS_LINK_END) {
+        unlink_owned(h, s);
+        make_partial(h, s);
+    }
 }
 
 /* h adopted s in gs_free_rcu(): it waits for its grace period on h's

@@ -362,7 +362,7 @@ struct gs_heap *gsi_heap_get(void);   /* the calling thread's heap, created on d
 /* Slow path of malloc for a small class: refills and allocates. */
 void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size);
 /* Owner frees into its own slab (fast path body, also used by slow paths). */
-void gsi_heap_free_local(struct gs_heap *h, struct gs_slab *s, uint32_t idx);
+void gsi_heap_free_local(struct gs_heap *h, struct gs_slab *s, uint32_t idx, const char *call);
 /* The owner's slab just became empty (used == 0). */
 void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s);
 /* A slab just adopted by h through a free: put it on h's lists. */
@@ -418,6 +418,7 @@ extern _Atomic bool gsi_pending_unarmed;
 void gsi_pending_stats(struct gs_stats *st);
 void gsi_heap_settle_adopted(struct gs_heap *h, struct gs_slab *s);
 void gsi_heap_wait_pending(struct gs_heap *h, struct gs_slab *s);
+void gsi_heap_slab_reclaimed(struct gs_heap *h, struct gs_slab *s);
 void gsi_heaps_pending(int64_t *per_class, uint64_t *reclaimed);
 GS_INLINE bool gsi_heap_owns(const struct gs_heap *h, uint64_t xstate)
 {

@@ -116,7 +116,7 @@ static GS_NOINLINE void free_slow(void *p, const char *call)
         struct gs_slab *s = small_block(p, &idx, call);
         struct gs_heap *h = gsi_tls_heap;
         if (atomic_load_explicit(&s->owner_heap, memory_order_relaxed) == h) {
-            gsi_heap_free_local(h, s, idx);
+            gsi_heap_free_local(h, s, idx, call);
         } else {
             /* A heap is needed only to adopt an ownerless slab; if even
                that fails (no memory for a heap) the free goes through the

@@ -36,6 +36,7 @@
 #include "rcu/internal.h"
 
 #include <errno.h>
+#include <string.h>
 
 /* Pending counts of threads that have no heap (yet). */
 static _Atomic int64_t orphan_pending[GS_NCLASSES];
@@ -52,6 +53,9 @@ static _Atomic bool hook_registered;
 _Atomic bool gsi_pending_unarmed;
 
 static void pending_hook(void);
+struct sweep;
+struct sweep *gsi_sweep_buffer(void);
+void gsi_pending_stats_counts(struct gs_stats *st);
 
 /* ------------------------------------------------------------- accounting */
 
@@ -298,50 +302,74 @@ static size_t reclaim_large(void)
 
 /* ----------------------------------------- reclaim across every slab */
 
-#define SETTLE_BATCH 256
+#define SETTLE_BATCH 1024
 
 struct sweep {
     struct gs_heap *h;              /* the sweeping thread's heap (may be NULL) */
     size_t bytes;                   /* made reusable */
-    size_t npending;                /* objects still pending after the sweep */
+    bool full;                      /* settle[] filled up: sweep again */
     unsigned nsettle;
-    struct gs_slab *settle[SETTLE_BATCH]; /* ownerless slabs adopted by h */
+    struct gs_slab *settle[SETTLE_BATCH]; /* slabs owned by h, to finish
+                                             after the segment lock */
 };
 
-/* Under segment_lock: lock-free work only. */
+/* Under segment_lock: lock-free work only. Slabs of other heaps get their
+   done chains through the remote chain; slabs h owns or adopts here are
+   finished after the lock is dropped (nobody else may retire them). */
 static void sweep_slab(struct gs_slab *s, void *arg)
 {
     struct sweep *sw = arg;
     if (!gsi_slab_has_pending(s))
         return;
     uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
-    if (GS_X_OWNER(x) == 0 && sw->h && sw->nsettle < SETTLE_BATCH && !s->cache &&
-        gsi_slab_adopt(sw->h, s)) {
-        /* Adopted: nobody else may retire it, so it is safe to settle after
-           the segment lock is dropped. */
-        gsi_slab_collect(s);
-        sw->bytes += (size_t)gsi_pending_reclaim_local(s) * s->obj_size;
+    if (gsi_heap_owns(sw->h, x) || (GS_X_OWNER(x) == 0 && sw->h && !s->cache)) {
+        if (sw->nsettle == SETTLE_BATCH) {
+            sw->full = true;
+            return;
+        }
+        if (GS_X_OWNER(x) == 0 && !gsi_slab_adopt(sw->h, s))
+            return; /* adopted by someone else meanwhile: theirs now */
         sw->settle[sw->nsettle++] = s;
-    } else if (!gsi_heap_owns(sw->h, x)) {
-        sw->bytes += (size_t)reclaim_to_remote(s) * s->obj_size;
-    } else {
-        sw->bytes += (size_t)gsi_pending_reclaim_local(s) * s->obj_size;
+        return;
     }
-    for (unsigned k = 0; k < GS_PENDING_CHAINS; k++)
-        sw->npending += GS_P_COUNT(atomic_load_explicit(&s->pending[k], memory_order_relaxed));
+    sw->bytes += (size_t)reclaim_to_remote(s) * s->obj_size;
+}
+
+/* A slab owned by the sweeping heap: reclaim its done chains, then put it
+   where it belongs (an adopted slab is on no list yet). */
+static void settle(struct sweep *sw, struct gs_slab *s)
+{
+    bool adopted = s->where == GS_IN_NONE;
+    if (adopted)
+        gsi_slab_collect(s);
+    sw->bytes += (size_t)gsi_pending_reclaim_local(s) * s->obj_size;
+    if (adopted)
+        gsi_heap_settle_adopted(sw->h, s);
+    else
+        gsi_heap_slab_reclaimed(sw->h, s);
 }
 
 size_t gsi_pending_sweep(size_t *still_pending)
 {
-    struct sweep sw = {.h = gsi_heap_get()};
-    gsi_segments_foreach(sweep_slab, &sw);
-    for (unsigned i = 0; i < sw.nsettle; i++)
-        gsi_heap_settle_adopted(sw.h, sw.settle[i]);
-    sw.bytes += reclaim_large();
-    if (still_pending)
-        *still_pending = sw.npending +
-                         (size_t)atomic_load_explicit(&large_pending_objects, memory_order_relaxed);
-    return sw.bytes;
+    struct sweep *sw = gsi_sweep_buffer();
+    size_t bytes = 0;
+    do {
+        sw->h = gsi_heap_get();
+        sw->bytes = 0;
+        sw->full = false;
+        sw->nsettle = 0;
+        gsi_segments_foreach(sweep_slab, sw);
+        for (unsigned i = 0; i < sw->nsettle; i++)
+            settle(sw, sw->settle[i]);
+        bytes += sw->bytes;
+    } while (sw->full);
+    bytes += reclaim_large();
+    if (still_pending) {
+        struct gs_stats st;
+        gsi_pending_stats_counts(&st);
+        *still_pending = st.pending_objects;
+    }
+    return bytes;
 }
 
 /* The engine's lazy thread calls this after a grace period, when the
@@ -382,6 +410,29 @@ bool gsi_oom_reclaim(void)
     freed += gsi_segments_purge(true);
     freed += gsi_large_trim(true);
     return freed > 0;
+}
+
+/* Per-thread sweep state: 8 KiB, too big for a small thread stack, and
+   the sweep must not call malloc (it runs on allocation failure). */
+static __thread struct sweep *sweep_buffer;
+
+struct sweep *gsi_sweep_buffer(void)
+{
+    if (!sweep_buffer) {
+        size_t bytes = (sizeof(struct sweep) + GS_PAGE - 1) & ~(size_t)(GS_PAGE - 1);
+        sweep_buffer = gsi_os_map_aligned(bytes, GS_PAGE);
+        if (!sweep_buffer) {
+            static struct sweep emergency; /* last resort, racy but bounded */
+            sweep_buffer = &emergency;
+        }
+    }
+    return sweep_buffer;
+}
+
+void gsi_pending_stats_counts(struct gs_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    gsi_pending_stats(st);
 }
 
 void gsi_pending_stats(struct gs_stats *st)

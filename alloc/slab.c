@@ -161,7 +161,7 @@ void gsi_slab_free_remote(struct gs_heap *h, struct gs_slab *s, uint32_t idx, co
             if (marked)
                 gsi_link_store(s, idx, GS_LINK_ALLOCATED); /* we own it now */
             gsi_heap_take_adopted(h, s);
-            gsi_heap_free_local(h, s, idx);
+            gsi_heap_free_local(h, s, idx, call);
             return;
         }
         GS_ASSERT(!h || GS_X_OWNER(x) != h->id);

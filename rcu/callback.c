@@ -196,7 +196,11 @@ static void *lazy_main(void *arg)
     return NULL;
 }
 
-static void ensure_thread(void)
+/* Starts the lazy thread if needed. When it cannot be created (out of
+   memory, thread limits): fatal for callers whose callbacks could never run
+   otherwise, a no-op for the allocator's reclaim request (the allocator
+   reclaims on its own slow paths too, and asks again later). */
+static void ensure_thread(bool fatal)
 {
     /* Acquire: pairs with the release store below (the thread exists). */
     if (GS_LIKELY(atomic_load_explicit(&cb_thread_state, memory_order_acquire) == THREAD_RUNNING))
@@ -219,8 +223,13 @@ static void ensure_thread(void)
     int err = pthread_create(&t, &attr, lazy_main, NULL);
     pthread_attr_destroy(&attr);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (err != 0)
-        gsi_fatal_msg("gs_call_rcu", "cannot create the RCU callback thread");
+    if (err != 0) {
+        if (fatal)
+            gsi_fatal_msg("gs_call_rcu", "cannot create the RCU callback thread");
+        /* Relaxed: back to "no thread"; a later request tries again. */
+        atomic_store_explicit(&cb_thread_state, THREAD_NONE, memory_order_relaxed);
+        return;
+    }
     /* Release: pairs with the acquire above. */
     atomic_store_explicit(&cb_thread_state, THREAD_RUNNING, memory_order_release);
 }
@@ -240,7 +249,7 @@ static void enqueue(struct gs_rcu_head *h, void (*fn)(struct gs_rcu_head *), boo
            exchange; seq_cst for the lost-wakeup argument. */
     } while (!atomic_compare_exchange_weak_explicit(&cb_stack, &old, h, memory_order_seq_cst,
                                                     memory_order_relaxed));
-    ensure_thread();
+    ensure_thread(true);
     long batch = gsi_option(GSI_OPT_RCU_LAZY_BATCH);
     /* Relaxed: a heuristic; exactly one enqueuer sees the bound. */
     if (!hurry && batch > 0 &&
@@ -318,7 +327,7 @@ void gsi_rcu_request_reclaim(void)
     if (atomic_exchange_explicit(&cb_reclaim, 1, memory_order_seq_cst) &&
         atomic_load_explicit(&cb_thread_state, memory_order_relaxed) == THREAD_RUNNING)
         return; /* already requested; the thread will see it */
-    ensure_thread();
+    ensure_thread(false);
     lazy_wake(true);
 }
 
