@@ -152,4 +152,71 @@ static inline uint64_t gst_rand(uint64_t *state)
     return x * 0x2545F4914F6CDD1Dull;
 }
 
+/* Bad-input children that compute the pointer they misuse report it to the
+   parent through a pipe: the child calls gst_child_report_ptr(p) before the
+   bad call, the parent runs it with gst_run_child_ptr(). */
+static int gst_ptr_fd __attribute__((unused)) = -1;
+
+static inline void gst_child_report_ptr(const void *p)
+{
+    ssize_t ignored = write(gst_ptr_fd, &p, sizeof p);
+    (void)ignored;
+}
+
+static inline bool gst_run_child_ptr(void (*fn)(void *), void *arg, struct gst_child *out,
+                                     void **ptr)
+{
+    int p[2];
+    *ptr = NULL;
+    if (pipe(p) != 0)
+        return false;
+    gst_ptr_fd = p[1];
+    bool ok = gst_run_child(fn, arg, out);
+    close(p[1]);
+    gst_ptr_fd = -1;
+    if (ok && read(p[0], ptr, sizeof *ptr) != (ssize_t)sizeof *ptr)
+        *ptr = NULL;
+    close(p[0]);
+    return ok;
+}
+
+/* The bad-input policy: the child died of SIGABRT after writing exactly one
+   line, "graceslab: CALL(): ..." for one of `calls` (NULL-terminated), that
+   names ptr as a whole hex word (unless ptr is NULL). Returns true if so;
+   otherwise false with the reason in why. */
+static inline bool gst_fatal_line_ok(const struct gst_child *c, const char *const *calls,
+                                     const void *ptr, char *why, size_t why_len)
+{
+    if (!gst_child_aborted(c)) {
+        snprintf(why, why_len, "no SIGABRT (status %#x); stderr: \"%s\"", c->status, c->err);
+        return false;
+    }
+    bool prefix = false;
+    for (int i = 0; calls[i] && !prefix; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "graceslab: %s(): ", calls[i]);
+        prefix = strncmp(c->err, want, strlen(want)) == 0;
+    }
+    if (!prefix) {
+        snprintf(why, why_len, "stderr does not start with \"graceslab: %s(): \": \"%s\"",
+                 calls[0], c->err);
+        return false;
+    }
+    if (!c->err_len || strchr(c->err, '\n') != c->err + c->err_len - 1) {
+        snprintf(why, why_len, "not exactly one line: \"%s\"", c->err);
+        return false;
+    }
+    if (ptr) {
+        char hex[32];
+        snprintf(hex, sizeof hex, "%#lx", (unsigned long)(uintptr_t)ptr);
+        const char *at = strstr(c->err, hex);
+        char after = at ? at[strlen(hex)] : 0;
+        if (!at || (after >= '0' && after <= '9') || (after >= 'a' && after <= 'f')) {
+            snprintf(why, why_len, "pointer %s not named: \"%s\"", hex, c->err);
+            return false;
+        }
+    }
+    return true;
+}
+
 #endif /* GS_TESTS_COMMON_H */
