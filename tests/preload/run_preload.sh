@@ -1,0 +1,242 @@
+#!/bin/bash
+# Real programs with and without LD_PRELOAD=libgraceslab.so: python (a
+# selection of its regression tests and a workload script), sqlite3, git,
+# gcc and perl on deterministic inputs. For each, stdout and the exit status
+# must be identical under both allocators. A probe first checks that each
+# program really runs on graceslab when preloaded (GRACESLAB_STATS=1 makes
+# it print its summary at exit; not set for the comparisons themselves,
+# because some programs check their children's stderr).
+#
+# usage: run_preload.sh /path/to/libgraceslab.so [check...]
+#   checks: python_regrtest python_script sqlite3 git gcc perl (default: all)
+# Needs: python3 (libpython3.11-testsuite for the regression tests), sqlite3,
+# git, gcc, perl.
+set -u
+
+so=$(readlink -f "${1:?usage: run_preload.sh libgraceslab.so [check...]}")
+shift
+[ -f "$so" ] || { echo "no such library: $so" >&2; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d "${TMPDIR:-/tmp}/gs_preload.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+py=/usr/bin/python3
+failed=0
+
+# Deterministic environment for every program.
+export LC_ALL=C TZ=UTC PYTHONHASHSEED=0 PYTHONMALLOC=malloc PYTHONDONTWRITEBYTECODE=1
+export HOME="$work/home" GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
+export GIT_AUTHOR_NAME=graceslab GIT_AUTHOR_EMAIL=gs@example.invalid
+export GIT_COMMITTER_NAME=graceslab GIT_COMMITTER_EMAIL=gs@example.invalid
+mkdir -p "$HOME"
+
+# compare NAME FUNC: runs FUNC (with its working directory set to a fresh
+# directory) once with the system allocator and once preloaded; FUNC's
+# stdout and exit status must match.
+compare() {
+    local name=$1 fn=$2 mode
+    for mode in ref gs; do
+        local dir="$work/$name.$mode"
+        mkdir -p "$dir"
+        if [ $mode = ref ]; then
+            (cd "$dir" && "$fn") >"$work/$name.$mode.out" 2>"$work/$name.$mode.err"
+        else
+            (cd "$dir" && export LD_PRELOAD="$so" && "$fn") \
+                >"$work/$name.$mode.out" 2>"$work/$name.$mode.err"
+        fi
+        echo $? >"$work/$name.$mode.status"
+    done
+    local ok=1
+    if ! cmp -s "$work/$name.ref.status" "$work/$name.gs.status"; then
+        echo "FAIL $name: exit status $(cat "$work/$name.ref.status") without graceslab," \
+             "$(cat "$work/$name.gs.status") with it"
+        ok=0
+    fi
+    if ! cmp -s "$work/$name.ref.out" "$work/$name.gs.out"; then
+        echo "FAIL $name: stdout differs"
+        diff "$work/$name.ref.out" "$work/$name.gs.out" | head -20
+        ok=0
+    fi
+    if [ ! -s "$work/$name.ref.out" ]; then
+        echo "FAIL $name: no output at all (the check checks nothing)"
+        ok=0
+    fi
+    if [ $ok = 1 ]; then
+        echo "ok   $name (exit $(cat "$work/$name.ref.status"), $(wc -l <"$work/$name.ref.out") lines)"
+    else
+        echo "---- stderr with graceslab:"
+        tail -20 "$work/$name.gs.err"
+        failed=1
+    fi
+}
+
+# ------------------------------------------------------------- python
+
+python_regrtest() {
+    # Summary lines only: the per-test lines carry timings and load averages.
+    "$py" -m test test_json test_re test_hashlib test_collections test_decimal \
+        test_zlib test_struct test_dict test_set test_unicode test_threading_local \
+        test_bz2 test_email |
+        grep -E '^(== )?Tests result|tests? (OK|failed|skipped)|^    test_' |
+        sed -e 's/ in [0-9.]* sec//'
+    return "${PIPESTATUS[0]}"
+}
+
+python_script() {
+    "$py" "$here/workload.py"
+}
+
+# ------------------------------------------------------------- sqlite3
+
+sqlite3_work() {
+    sqlite3 db.sqlite <<'EOF'
+PRAGMA journal_mode=DELETE;
+CREATE TABLE t(id INTEGER PRIMARY KEY, k TEXT, v INTEGER, blob BLOB);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200000)
+INSERT INTO t(k, v, blob) SELECT printf('key%07d', (i * 7919) % 200003), (i * 31337) % 1000,
+                                 zeroblob(i % 300) FROM n;
+CREATE INDEX t_k ON t(k);
+CREATE INDEX t_v ON t(v, k);
+SELECT count(*), sum(v), min(k), max(k), sum(length(blob)) FROM t;
+SELECT v, count(*), group_concat(substr(k, 4, 3), ',') FROM
+  (SELECT v, k FROM t WHERE v < 5 ORDER BY k LIMIT 40) GROUP BY v ORDER BY v;
+SELECT k FROM t WHERE k BETWEEN 'key0100000' AND 'key0100100' ORDER BY k;
+UPDATE t SET v = v + 1 WHERE id % 3 = 0;
+DELETE FROM t WHERE id % 5 = 0;
+SELECT count(*), sum(v) FROM t;
+SELECT a.v, count(*) FROM t a JOIN t b ON a.id = b.id + 1 WHERE a.v = b.v % 100
+  GROUP BY a.v ORDER BY 2 DESC, 1 LIMIT 10;
+VACUUM;
+PRAGMA integrity_check;
+EOF
+}
+
+# ------------------------------------------------------------- git
+
+git_work() {
+    export GIT_AUTHOR_DATE='2026-01-01T00:00:00Z' GIT_COMMITTER_DATE='2026-01-01T00:00:00Z'
+    git init -q -b main repo && cd repo || return 1
+    local i j
+    for i in $(seq 1 30); do
+        mkdir -p "dir$((i % 5))"
+        for j in $(seq 1 20); do
+            seq $((i * j)) $((i * j + 200)) | sed "s/^/line $i $j /" >"dir$((i % 5))/file$j.txt"
+        done
+        git add -A && git commit -q -m "commit $i" || return 1
+    done
+    git log --stat --format='%H %s' | head -200
+    git gc -q --aggressive || return 1
+    git fsck --full --strict || return 1
+    git count-objects -v | grep -E '^(count|in-pack|packs)'
+    git rev-parse HEAD HEAD~10 'HEAD^{tree}'
+    git diff --stat HEAD~20 HEAD | tail -3
+    git log --format=%h -S'line 17 3' | head
+    git archive HEAD | sha256sum
+}
+
+# ------------------------------------------------------------- gcc
+
+gcc_work() {
+    cat >prog.c <<'EOF'
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+struct node { struct node *l, *r; long key; char name[24]; };
+static struct node *insert(struct node *t, long k)
+{
+    if (!t) {
+        t = calloc(1, sizeof *t);
+        t->key = k;
+        snprintf(t->name, sizeof t->name, "n%ld", k);
+        return t;
+    }
+    if (k < t->key) t->l = insert(t->l, k); else t->r = insert(t->r, k);
+    return t;
+}
+static long walk(struct node *t, long depth)
+{
+    if (!t) return 0;
+    long s = walk(t->l, depth + 1) + walk(t->r, depth + 1) + t->key * depth + (long)strlen(t->name);
+    free(t);
+    return s;
+}
+int main(void)
+{
+    struct node *t = NULL;
+    unsigned long x = 88172645463325252ul;
+    for (int i = 0; i < 100000; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        t = insert(t, (long)(x % 1000000));
+    }
+    printf("%ld\n", walk(t, 1));
+    return 0;
+}
+EOF
+    gcc -O2 -Wall -S -o - prog.c || return 1
+    gcc -O2 -Wall -o prog prog.c || return 1
+    ./prog
+}
+
+# ------------------------------------------------------------- perl
+
+perl_work() {
+    perl -e '
+        use strict; use warnings;
+        my (%h, @a);
+        my $x = 12345;
+        for my $i (1 .. 200000) {
+            $x = ($x * 1103515245 + 12345) % 2147483648;
+            my $k = sprintf("k%06d", $x % 50000);
+            $h{$k} .= chr(65 + $i % 26);
+            push @a, $x if $i % 7 == 0;
+        }
+        my @keys = sort { length($h{$b}) <=> length($h{$a}) or $a cmp $b } keys %h;
+        print scalar(@keys), " keys\n";
+        print "$_ => ", substr($h{$_}, 0, 30), "\n" for @keys[0 .. 9];
+        my @s = sort { $a <=> $b } @a;
+        print "min $s[0] max $s[-1] n ", scalar(@s), "\n";
+        my $text = join " ", map { "word$_" } @s;
+        my $n = () = $text =~ /word(\d*7\d*)\b/g;
+        print "matches $n\n";
+        (my $t2 = $text) =~ s/word(\d+)/<$1>/g;
+        print length($t2), "\n";
+        my %count; $count{$_ % 97}++ for @s;
+        print join(",", map { "$_:$count{$_}" } sort { $a <=> $b } keys %count), "\n";
+    '
+}
+
+# probe PROGRAM ARGS...: preloaded, the program must print graceslab's
+# summary, i.e. its malloc is graceslab's.
+probe() {
+    if LD_PRELOAD="$so" GRACESLAB_STATS=1 "$@" 2>&1 >/dev/null | grep -q '^graceslab stats:'; then
+        echo "ok   probe: $1 runs on graceslab"
+    else
+        echo "FAIL probe: $* does not run on graceslab when preloaded"
+        failed=1
+    fi
+}
+
+probe "$py" -c 'import json, sqlite3'
+probe sqlite3 :memory: 'select 1'
+probe git --version
+probe gcc --version
+probe perl -e 1
+
+checks=${*:-python_regrtest python_script sqlite3 git gcc perl}
+for c in $checks; do
+    case $c in
+    python_regrtest)
+        if "$py" -c 'import test.test_json' 2>/dev/null; then
+            compare python_regrtest python_regrtest
+        else
+            echo "FAIL python_regrtest: the regression tests are not installed (Debian package libpython3.11-testsuite)"
+            failed=1
+        fi ;;
+    python_script) compare python_script python_script ;;
+    sqlite3) compare sqlite3 sqlite3_work ;;
+    git) compare git git_work ;;
+    gcc) compare gcc gcc_work ;;
+    perl) compare perl perl_work ;;
+    *) echo "unknown check $c" >&2; exit 2 ;;
+    esac
+done
+exit $failed
