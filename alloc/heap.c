@@ -499,6 +499,7 @@ void gsi_heap_take_adopted(struct gs_heap *h, struct gs_slab *s)
 static void abandon_slab(struct gs_heap *h, struct gs_slab *s)
 {
     unlink_owned(h, s);
+    bool useful;
     for (;;) {
         gsi_slab_collect(s);
         if (s->used == 0 && !gsi_slab_has_pending(s)) {
@@ -506,10 +507,13 @@ static void abandon_slab(struct gs_heap *h, struct gs_slab *s)
             gsi_slab_retire(s);
             return;
         }
+        /* Read while still the owner: after the release below the slab
+           may be adopted and its owner fields are someone else's. */
+        useful = s->free_head != GS_LINK_END || s->bump < s->capacity;
         if (gsi_slab_release(h, s))
             break;
     }
-    if (s->free_head != GS_LINK_END || s->bump < s->capacity || gsi_slab_has_pending(s))
+    if (useful || gsi_slab_has_pending(s))
         gsi_orphan_push(s);
 }
 

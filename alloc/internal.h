@@ -416,6 +416,8 @@ size_t gsi_pending_sweep(size_t *still_pending);
 void gsi_pending_kick(void);
 extern _Atomic bool gsi_pending_unarmed;
 void gsi_pending_stats(struct gs_stats *st);
+/* Large allocation path: reclaim (and bound) pending large blocks. */
+void gsi_pending_large_refill(void);
 void gsi_heap_settle_adopted(struct gs_heap *h, struct gs_slab *s);
 void gsi_heap_wait_pending(struct gs_heap *h, struct gs_slab *s);
 void gsi_heap_slab_reclaimed(struct gs_heap *h, struct gs_slab *s);

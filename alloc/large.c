@@ -26,6 +26,14 @@ static pthread_mutex_t large_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct gs_large *cache_first; /* most recently freed first */
 static size_t cache_bytes, cache_count;
 
+/* With large_lock held. The counters are also read without the lock (a
+   hint: is the cache worth locking?), hence relaxed atomic stores. */
+static void cache_account(ptrdiff_t bytes, int count)
+{
+    __atomic_store_n(&cache_bytes, cache_bytes + (size_t)bytes, __ATOMIC_RELAXED);
+    __atomic_store_n(&cache_count, cache_count + (size_t)count, __ATOMIC_RELAXED);
+}
+
 void gsi_large_atfork_prepare(void) { pthread_mutex_lock(&large_lock); }
 void gsi_large_atfork_parent(void) { pthread_mutex_unlock(&large_lock); }
 void gsi_large_atfork_child(void) { pthread_mutex_init(&large_lock, NULL); }
@@ -67,8 +75,7 @@ static struct gs_large *cache_take(size_t len, size_t region_align)
     }
     if (best) {
         *best_link = best->next;
-        cache_bytes -= best->map_len;
-        cache_count--;
+        cache_account(-(ptrdiff_t)best->map_len, -1);
     }
     pthread_mutex_unlock(&large_lock);
     return best;
@@ -85,8 +92,7 @@ static size_t cache_trim(bool force)
     for (struct gs_large **l = &cache_first, *b; (b = *l);) {
         if (force || now - b->cached_at > CACHE_MAX_AGE_NS) {
             *l = b->next;
-            cache_bytes -= b->map_len;
-            cache_count--;
+            cache_account(-(ptrdiff_t)b->map_len, -1);
             b->next = drop;
             drop = b;
         } else {
@@ -119,6 +125,7 @@ void *gsi_large_alloc(size_t size, size_t align, bool zero)
         goto fail;
     size_t len = (off + size + GS_PAGE - 1) & ~(size_t)(GS_PAGE - 1);
     size_t region_align = align > GS_SEGMENT_SIZE ? align : GS_SEGMENT_SIZE;
+    gsi_pending_large_refill();
     struct gs_large *b = cache_take(len, region_align);
     bool fresh = !b;
     if (fresh) {
@@ -186,17 +193,15 @@ void gsi_large_free(struct gs_large *b, const char *call)
     pthread_mutex_lock(&large_lock);
     b->next = cache_first;
     cache_first = b;
-    cache_bytes += b->map_len;
-    cache_count++;
+    cache_account((ptrdiff_t)b->map_len, 1);
     /* Over the bounds: drop the oldest (the tail). */
-    while (cache_bytes > limit || cache_count > CACHE_ENTRIES) {
+    while (cache_bytes > limit || cache_count > CACHE_ENTRIES) { /* lock held */
         struct gs_large **l = &cache_first;
         while ((*l)->next)
             l = &(*l)->next;
         struct gs_large *old = *l;
         *l = NULL;
-        cache_bytes -= old->map_len;
-        cache_count--;
+        cache_account(-(ptrdiff_t)old->map_len, -1);
         old->next = drop;
         drop = old;
     }

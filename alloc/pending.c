@@ -142,14 +142,16 @@ static void free_rcu_large(void *p, const char *call)
                                                  memory_order_relaxed, memory_order_relaxed))
         gsi_fatal(call, "object already freed with gs_free_rcu(), pending a grace period:", p);
     b->cookie = gsi_gp_cookie();
+    /* Counted before the push: once b is on the stack a reclaimer may free
+       it, and b must not be read any more. */
+    atomic_fetch_add_explicit(&large_pending_objects, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&large_pending_bytes, (int64_t)b->usable, memory_order_relaxed);
     b->next = atomic_load_explicit(&large_pending, memory_order_relaxed);
     /* Release: b's cookie and next are visible to the reclaimer's acquire
        exchange. */
     while (!atomic_compare_exchange_weak_explicit(&large_pending, &b->next, b,
                                                   memory_order_release, memory_order_relaxed))
         ;
-    atomic_fetch_add_explicit(&large_pending_objects, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&large_pending_bytes, (int64_t)b->usable, memory_order_relaxed);
     if (!atomic_load_explicit(&gsi_pending_unarmed, memory_order_relaxed))
         atomic_store_explicit(&gsi_pending_unarmed, true, memory_order_relaxed);
 }
@@ -298,6 +300,22 @@ static size_t reclaim_large(void)
         b = next;
     }
     return bytes;
+}
+
+/* Large blocks have no slab refill: the large allocation path is their
+   reclaim path. Frees the done ones; when more than the expedite bound is
+   still pending, waits for a grace period first (never inside a read-side
+   critical section), so deferred large frees cannot pile up. */
+void gsi_pending_large_refill(void)
+{
+    if (!atomic_load_explicit(&large_pending, memory_order_relaxed))
+        return;
+    reclaim_large();
+    int64_t bytes = atomic_load_explicit(&large_pending_bytes, memory_order_relaxed);
+    if (bytes > (int64_t)gsi_option(GSI_OPT_PENDING_EXPEDITE_KB) << 12 && !gsi_rcu_in_reader()) {
+        gsi_gp_wait(gsi_gp_cookie());
+        reclaim_large();
+    }
 }
 
 /* ----------------------------------------- reclaim across every slab */

@@ -21,7 +21,8 @@
 static pthread_mutex_t segment_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct gs_segment *segment_list;
 static size_t segment_count;
-static size_t dirty_bytes;     /* committed bytes in unused slots */
+static size_t dirty_bytes;     /* committed bytes in unused slots (written under
+                                  the lock with relaxed stores: also read as a hint) */
 static uint64_t last_purge_ns; /* time of the last purge pass */
 
 /* The metadata of every unused slot: kind UNUSED, so a free into it is
@@ -69,7 +70,7 @@ static struct gs_segment *segment_new_locked(void)
     if (segment_list)
         segment_list->prev = seg;
     segment_list = seg;
-    segment_count++;
+    __atomic_store_n(&segment_count, segment_count + 1, __ATOMIC_RELAXED);
     gsi_map_set(seg, GS_SEGMENT_SIZE, GS_MAP_SMALL);
     return seg;
 }
@@ -82,7 +83,7 @@ static void segment_free_locked(struct gs_segment *seg)
         segment_list = seg->next;
     if (seg->next)
         seg->next->prev = seg->prev;
-    segment_count--;
+    __atomic_store_n(&segment_count, segment_count - 1, __ATOMIC_RELAXED);
     gsi_map_clear(seg, GS_SEGMENT_SIZE);
     gsi_os_unmap(seg, GS_SEGMENT_SIZE);
 }
@@ -98,7 +99,7 @@ static void decommit_locked(struct gs_segment *seg, uint64_t mask)
             n++;
         gsi_os_decommit((char *)seg + (size_t)first * GS_SLOT_SIZE, (size_t)n * GS_SLOT_SIZE);
         mask &= ~run_mask(first, n);
-        dirty_bytes -= (size_t)n * GS_SLOT_SIZE;
+        __atomic_store_n(&dirty_bytes, dirty_bytes - (size_t)n * GS_SLOT_SIZE, __ATOMIC_RELAXED);
     }
 }
 
@@ -162,7 +163,7 @@ struct gs_slab *gsi_slab_new(unsigned cls)
     }
     uint64_t mask = run_mask((unsigned)first, span);
     size_t dirty = (size_t)__builtin_popcountll(found->dirty_slots & mask);
-    dirty_bytes -= dirty * GS_SLOT_SIZE;
+    __atomic_store_n(&dirty_bytes, dirty_bytes - dirty * GS_SLOT_SIZE, __ATOMIC_RELAXED);
     found->free_slots &= ~mask;
     found->dirty_slots &= ~mask;
     struct gs_slab *s = &found->slabs[first];
@@ -193,7 +194,7 @@ void gsi_slab_retire(struct gs_slab *s)
     }
     seg->free_slots |= mask;
     seg->dirty_slots |= mask;
-    dirty_bytes += (size_t)s->span * GS_SLOT_SIZE;
+    __atomic_store_n(&dirty_bytes, dirty_bytes + (size_t)s->span * GS_SLOT_SIZE, __ATOMIC_RELAXED);
     if (dirty_bytes > (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20)
         decommit_locked(seg, mask);
     if (now - last_purge_ns > (uint64_t)gsi_option(GSI_OPT_PURGE_DELAY_MS) * 1000000ull)
