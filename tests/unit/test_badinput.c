@@ -19,48 +19,22 @@
 #pragma GCC diagnostic ignored "-Wuse-after-free"
 #pragma GCC diagnostic ignored "-Wmismatched-dealloc"
 
-/* A page shared with the children: each records the pointer it misuses
-   there before the fatal call, so the parent knows what to look for. */
-static void *volatile *bad_ptr;
-
-static void setup(void)
-{
-    void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    cr_assert_neq(m, MAP_FAILED);
-    bad_ptr = m;
-}
-
-TestSuite(badinput, .init = setup);
-
+/* Each child reports the pointer it misuses before the fatal call. */
 static void *misused(void *p)
 {
-    *bad_ptr = p;
+    gst_child_report_ptr(p);
     return p;
 }
 
 static void expect_abort(void (*fn)(void *), const char *call)
 {
     struct gst_child c;
-    char prefix[64], hex[32];
-    *bad_ptr = NULL;
-    cr_assert(gst_run_child(fn, NULL, &c), "fork failed");
-    cr_assert(gst_child_aborted(&c), "child did not abort (status %#x); stderr: \"%s\"",
-              c.status, c.err);
-    snprintf(prefix, sizeof prefix, "graceslab: %s(): ", call);
-    cr_assert_eq(strncmp(c.err, prefix, strlen(prefix)), 0,
-                 "stderr does not start with \"%s\": \"%s\"", prefix, c.err);
-    cr_assert(c.err_len > 0 && c.err[c.err_len - 1] == '\n', "no final newline: \"%s\"",
-              c.err);
-    cr_assert_eq(strchr(c.err, '\n'), c.err + c.err_len - 1, "more than one line: \"%s\"",
-                 c.err);
-    cr_assert_not_null(*bad_ptr, "child did not record its pointer");
-    snprintf(hex, sizeof hex, "%#lx", (unsigned long)(uintptr_t)*bad_ptr);
-    /* The pointer as a whole hex word: not a prefix of a longer number. */
-    const char *at = strstr(c.err, hex);
-    cr_assert(at != NULL, "pointer %s not named: \"%s\"", hex, c.err);
-    char after = at[strlen(hex)];
-    cr_assert(!((after >= '0' && after <= '9') || (after >= 'a' && after <= 'f')),
-              "pointer %s not named exactly: \"%s\"", hex, c.err);
+    void *ptr;
+    char why[4300];
+    const char *calls[] = {call, NULL};
+    cr_assert(gst_run_child_ptr(fn, NULL, &c, &ptr), "fork failed");
+    cr_assert_not_null(ptr, "child did not report its pointer; stderr: \"%s\"", c.err);
+    cr_assert(gst_fatal_line_ok(&c, calls, ptr, why, sizeof why), "%s", why);
 }
 
 /* ---------------------------------------------------------- double free */
