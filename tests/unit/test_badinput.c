@@ -201,14 +201,20 @@ Test(badinput, free_interior_large_far) { expect_abort(free_interior_large_far, 
 
 /* ---------------------------------------------------------------- realloc */
 
-static void realloc_freed_small(void *arg)
+/* realloc(p, size) of a freed small block (size 0: realloc frees it). */
+static void realloc_freed_small_to(size_t size)
 {
-    (void)arg;
     void *keep = malloc(64);
     void *p = misused(malloc(64));
     free(p);
-    p = realloc(p, 200);
+    p = realloc(p, size);
     free(keep);
+}
+
+static void realloc_freed_small(void *arg)
+{
+    (void)arg;
+    realloc_freed_small_to(200);
 }
 
 static void realloc_freed_large(void *arg)
@@ -238,11 +244,7 @@ static void realloc_interior(void *arg)
 static void realloc_zero_freed(void *arg)
 {
     (void)arg;
-    void *keep = malloc(64);
-    void *p = misused(malloc(64));
-    free(p);
-    p = realloc(p, 0); /* realloc(p, 0) frees: a double free */
-    free(keep);
+    realloc_freed_small_to(0); /* realloc(p, 0) frees: a double free */
 }
 
 Test(badinput, realloc_freed_small) { expect_abort(realloc_freed_small, "realloc"); }
