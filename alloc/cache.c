@@ -133,6 +133,7 @@ GS_EXPORT void *gs_cache_alloc(struct gs_cache *c)
         s->wait_cookie = 0;
     }
     void *p = gsi_slab_pop(s);
+    GS_VG_ALLOC(p, c->size, 0);
     s->wait_cookie = 0;
     pthread_mutex_unlock(&c->lock);
     return p;
@@ -168,6 +169,7 @@ GS_EXPORT void gs_cache_free(struct gs_cache *c, void *p)
         gsi_bad_free("gs_cache_free", p, v);
     }
     gsi_slab_push(s, idx, p);
+    GS_VG_FREE(p);
     if (--s->used == 0 && s != c->current)
         retire_empty_locked(c);
     pthread_mutex_unlock(&c->lock);

@@ -27,6 +27,8 @@
 struct gs_slab gsi_empty_slab = {.free_head = GS_LINK_END, .kind = GS_SLAB_UNUSED};
 struct gs_heap gsi_empty_heap = {.active = {[0 ... GS_NCLASSES - 1] = &gsi_empty_slab}};
 __thread struct gs_heap *gsi_tls_heap = &gsi_empty_heap;
+__thread struct gs_heap *gsi_tls_mine = &gsi_empty_heap;
+bool gsi_valgrind;
 
 static pthread_mutex_t heap_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct gs_heap *heap_all;    /* every heap ever made (heap_lock) */
@@ -195,7 +197,7 @@ static struct gs_heap *heap_create_locked(void)
 static void thread_exit(void *arg)
 {
     struct gs_heap *h = arg;
-    if (h && h == gsi_tls_heap)
+    if (h && h == gsi_tls_mine)
         heap_abandon(h);
 }
 
@@ -209,6 +211,7 @@ void gsi_heap_init_once(void)
     if (atomic_load_explicit(&init_state, memory_order_relaxed) != 2) {
         in_init = true;
         gsi_classes_init();
+        gsi_valgrind = GS_VG_RUNNING();
         for (unsigned c = 0; c < GS_NCLASSES; c++)
             pthread_mutex_init(&orphans[c].lock, NULL);
         pthread_key_create(&heap_key, thread_exit);
@@ -224,7 +227,7 @@ void gsi_heap_init_once(void)
 
 struct gs_heap *gsi_heap_get(void)
 {
-    struct gs_heap *h = gsi_tls_heap;
+    struct gs_heap *h = gsi_tls_mine;
     if (GS_LIKELY(h != &gsi_empty_heap))
         return h;
     gsi_heap_init_once();
@@ -235,7 +238,8 @@ struct gs_heap *gsi_heap_get(void)
     pthread_mutex_unlock(&heap_lock);
     if (!h)
         return NULL;
-    gsi_tls_heap = h;
+    gsi_tls_mine = h;
+    gsi_tls_heap = gsi_valgrind ? &gsi_empty_heap : h;
     if (atomic_load_explicit(&init_state, memory_order_acquire) == 2)
         pthread_setspecific(heap_key, h);
     return h;
@@ -383,7 +387,8 @@ got:
 void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size)
 {
     if (GS_UNLIKELY(h == &gsi_empty_heap)) {
-        /* First allocation of this thread (or of the process: the class
+        /* First allocation of this thread (or any allocation under
+           Valgrind) (or of the process: the class
            table may not have been ready when cls was computed). */
         h = gsi_heap_get();
         if (!h && gsi_oom_reclaim())
@@ -405,7 +410,9 @@ void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size)
             return NULL;
         }
     }
-    return gsi_slab_pop(s);
+    void *p = gsi_slab_pop(s);
+    GS_VG_ALLOC(p, size, 0);
+    return p;
 }
 
 /* ------------------------------------------------------------------ frees */
@@ -528,8 +535,8 @@ static void heap_abandon(struct gs_heap *h)
         while ((s = h->waiting[c].first))
             abandon_slab(h, s);
     }
-    if (h == gsi_tls_heap)
-        gsi_tls_heap = &gsi_empty_heap;
+    if (h == gsi_tls_mine)
+        gsi_tls_heap = gsi_tls_mine = &gsi_empty_heap;
     pthread_mutex_lock(&heap_lock);
     h->live = false;
     h->next_pool = heap_pool;
@@ -566,7 +573,7 @@ static void atfork_child(void)
     pthread_mutex_init(&heap_lock, NULL);
     /* The other threads are gone: their heaps have no thread any more.
        Abandon them so their free objects can be adopted. */
-    struct gs_heap *me = gsi_tls_heap;
+    struct gs_heap *me = gsi_tls_mine;
     for (struct gs_heap *h = heap_all; h; h = h->next_all)
         if (h->live && h != me)
             heap_abandon(h);

@@ -29,6 +29,7 @@
 
 #include "alloc/common.h"
 #include "include/graceslab.h"
+#include "alloc/vg.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -355,7 +356,11 @@ _Noreturn void gsi_bad_free(const char *call, const void *p, uint16_t link);
 /* ---------------------------------------------------------------------
  * heap.c: thread heaps, refill, abandonment, fork.
  * --------------------------------------------------------------------- */
+/* The thread's heap as the fast paths see it, and as it really is. They
+   differ only under Valgrind (see vg.h), where the fast-path heap stays the
+   empty heap so that every call reaches the slow paths. */
 extern __thread struct gs_heap *gsi_tls_heap;
+extern __thread struct gs_heap *gsi_tls_mine;
 extern struct gs_heap gsi_empty_heap;
 extern struct gs_slab gsi_empty_slab;
 struct gs_heap *gsi_heap_get(void);   /* the calling thread's heap, created on demand (NULL on OOM) */

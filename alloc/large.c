@@ -147,6 +147,7 @@ void *gsi_large_alloc(size_t size, size_t align, bool zero)
     atomic_fetch_add_explicit(&gsi_large_live_bytes, b->usable, memory_order_relaxed);
     if (zero && !fresh)
         memset(b->user, 0, size);
+    GS_VG_ALLOC(b->user, size, fresh);
     return b->user;
 fail:
     errno = ENOMEM;

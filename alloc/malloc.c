@@ -114,7 +114,7 @@ static GS_NOINLINE void free_slow(void *p, const char *call)
     if (kind == GS_MAP_SMALL) {
         uint32_t idx;
         struct gs_slab *s = small_block(p, &idx, call);
-        struct gs_heap *h = gsi_tls_heap;
+        struct gs_heap *h = gsi_tls_mine;
         if (atomic_load_explicit(&s->owner_heap, memory_order_relaxed) == h) {
             gsi_heap_free_local(h, s, idx, call);
         } else {
@@ -125,8 +125,10 @@ static GS_NOINLINE void free_slow(void *p, const char *call)
                 h = gsi_heap_get();
             gsi_slab_free_remote(h, s, idx, call);
         }
+        GS_VG_FREE(p);
     } else if (kind >= GS_MAP_LARGE) {
         gsi_large_free(large_block(p, call), call);
+        GS_VG_FREE(p);
     } else {
         gsi_fatal(call, "invalid pointer (not allocated by graceslab)", p);
     }
@@ -214,8 +216,10 @@ GS_EXPORT void *gs_realloc(void *p, size_t size)
             gsi_bad_free("realloc", p, v);
         usable = s->obj_size;
         /* Stay in place when it fits and does not waste more than half. */
-        if (size <= usable && (size >= usable / 2 || usable <= 64))
+        if (size <= usable && (size >= usable / 2 || usable <= 64)) {
+            GS_VG_RESIZE(p, size, size); /* memcheck keeps its own old size */
             return p;
+        }
     } else if (kind >= GS_MAP_LARGE) {
         struct gs_large *b = large_block(p, "realloc");
         if (b->magic != GS_LARGE_MAGIC)

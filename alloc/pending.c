@@ -63,7 +63,7 @@ void gsi_pending_stats_counts(struct gs_stats *st);
    writer per heap: load + store, relaxed (gs_stats_get sums racily). */
 static void count_pending(unsigned cls, int64_t delta)
 {
-    struct gs_heap *h = gsi_tls_heap;
+    struct gs_heap *h = gsi_tls_mine;
     if (h != &gsi_empty_heap) {
         int64_t v = atomic_load_explicit(&h->pending_objects[cls], memory_order_relaxed);
         atomic_store_explicit(&h->pending_objects[cls], v + delta, memory_order_relaxed);
@@ -74,7 +74,7 @@ static void count_pending(unsigned cls, int64_t delta)
 
 static void count_reclaimed(uint64_t n)
 {
-    struct gs_heap *h = gsi_tls_heap;
+    struct gs_heap *h = gsi_tls_mine;
     if (h != &gsi_empty_heap) {
         uint64_t v = atomic_load_explicit(&h->reclaimed_objects, memory_order_relaxed);
         atomic_store_explicit(&h->reclaimed_objects, v + n, memory_order_relaxed);
@@ -124,7 +124,7 @@ static void free_rcu_small(void *p, const char *call)
        CAS, lock-free) and keeps it on its waiting list, so its own refills
        reclaim the object. Its orphan-list entry, if any, stays as a stale
        hint (see gsi_orphan_remove). */
-    struct gs_heap *h = gsi_tls_heap;
+    struct gs_heap *h = gsi_tls_mine;
     if (GS_X_OWNER(atomic_load_explicit(&s->xstate, memory_order_relaxed)) == 0 &&
         h != &gsi_empty_heap && !s->cache && gsi_slab_adopt(h, s))
         gsi_heap_wait_pending(h, s);
@@ -199,6 +199,7 @@ static uint32_t retag_chain(struct gs_slab *s, uint32_t head, uint32_t n, uint16
         uint16_t v = gsi_link_load(s, i);
         GS_ASSERT_EXPENSIVE((v & ~GS_LINK_INDEX) == GS_LINK_PENDING);
         gsi_link_store(s, i, (uint16_t)(tag | (v & GS_LINK_INDEX)));
+        GS_VG_FREE(s->start + (size_t)i * s->obj_size); /* no-access from now on */
         if (k == n)
             return i;
         i = v & GS_LINK_INDEX;
@@ -289,6 +290,7 @@ static size_t reclaim_large(void)
             bytes += b->usable;
             count_reclaimed(1);
             atomic_store_explicit(&b->state, GS_LARGE_LIVE, memory_order_relaxed);
+            GS_VG_FREE(b->user);
             gsi_large_free(b, "gs_free_rcu");
         } else {
             b->next = atomic_load_explicit(&large_pending, memory_order_relaxed);

@@ -1,0 +1,45 @@
+/*
+ * Valgrind client requests: tell memcheck about graceslab's blocks so that
+ * leaks, invalid reads and use after free inside graceslab heaps are
+ * reported to users, and so that an object freed with gs_free_rcu() stays
+ * addressable until its grace period ends and becomes no-access after.
+ *
+ * Zero cost outside Valgrind: when the process runs under Valgrind, the
+ * thread's fast-path heap stays the empty heap (heap.c), so every malloc
+ * and free takes the slow paths, where these requests are made; the fast
+ * paths themselves have no test for it.
+ */
+#ifndef GS_VG_H
+#define GS_VG_H
+
+#include <stdbool.h>
+
+extern bool gsi_valgrind; /* set once at initialisation */
+
+#if GS_VALGRIND
+#include <valgrind/memcheck.h>
+#include <valgrind/valgrind.h>
+#define GS_VG_RUNNING() (RUNNING_ON_VALGRIND != 0)
+#define GS_VG_ALLOC(p, n, zeroed)                                              \
+    do {                                                                       \
+        if (gsi_valgrind && (p))                                               \
+            VALGRIND_MALLOCLIKE_BLOCK((p), (n), 0, (zeroed));                  \
+    } while (0)
+#define GS_VG_FREE(p)                                                          \
+    do {                                                                       \
+        if (gsi_valgrind)                                                      \
+            VALGRIND_FREELIKE_BLOCK((p), 0);                                   \
+    } while (0)
+#define GS_VG_RESIZE(p, old_n, new_n)                                          \
+    do {                                                                       \
+        if (gsi_valgrind)                                                      \
+            VALGRIND_RESIZEINPLACE_BLOCK((p), (old_n), (new_n), 0);            \
+    } while (0)
+#else
+#define GS_VG_RUNNING() false
+#define GS_VG_ALLOC(p, n, zeroed) ((void)(p), (void)(n), (void)(zeroed))
+#define GS_VG_FREE(p) ((void)(p))
+#define GS_VG_RESIZE(p, old_n, new_n) ((void)(p), (void)(old_n), (void)(new_n))
+#endif
+
+#endif /* GS_VG_H */
