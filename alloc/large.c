@@ -148,6 +148,7 @@ void *gsi_large_alloc(size_t size, size_t align, bool zero)
     if (zero && !fresh)
         memset(b->user, 0, size);
     GS_VG_ALLOC(b->user, size, fresh);
+    GS_VG_NOACCESS((char *)b->user + size, b->usable - size);
     return b->user;
 fail:
     errno = ENOMEM;

@@ -216,18 +216,18 @@ GS_EXPORT void *gs_realloc(void *p, size_t size)
             gsi_bad_free("realloc", p, v);
         usable = s->obj_size;
         /* Stay in place when it fits and does not waste more than half. */
-        if (size <= usable && (size >= usable / 2 || usable <= 64)) {
-            GS_VG_RESIZE(p, size, size); /* memcheck keeps its own old size */
+        /* Under Valgrind a realloc always moves, so memcheck's idea of the
+           block size stays exact. */
+        if (size <= usable && (size >= usable / 2 || usable <= 64) && !gsi_valgrind)
             return p;
-        }
     } else if (kind >= GS_MAP_LARGE) {
         struct gs_large *b = large_block(p, "realloc");
         if (b->magic != GS_LARGE_MAGIC)
             gsi_fatal("realloc", "realloc of a freed pointer", p);
         usable = b->usable;
-        if (size <= usable && size >= usable / 2)
+        if (size <= usable && size >= usable / 2 && !gsi_valgrind)
             return p;
-        if (size > GS_SMALL_MAX && atomic_load_explicit(&b->state, memory_order_relaxed) ==
+        if (!gsi_valgrind && size > GS_SMALL_MAX && atomic_load_explicit(&b->state, memory_order_relaxed) ==
                                        GS_LARGE_LIVE)
             return gsi_large_realloc(b, size);
     } else {
@@ -236,7 +236,9 @@ GS_EXPORT void *gs_realloc(void *p, size_t size)
     void *q = gs_malloc(size);
     if (!q)
         return NULL; /* p stays valid; errno is ENOMEM */
+    GS_VG_QUIET_BEGIN();
     memcpy(q, p, size < usable ? size : usable);
+    GS_VG_QUIET_END();
     free_slow(p, "realloc");
     return q;
 }

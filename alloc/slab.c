@@ -50,6 +50,8 @@ void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
     /* The sentinel after the last object: a pointer into the slab's tail
        computes index == capacity and finds a link that is never ALLOCATED. */
     gsi_link_store(s, ci->capacity, GS_LINK_INVALID);
+    /* memcheck: no object is addressable until it is handed out. */
+    GS_VG_NOACCESS(s->start, (size_t)ci->capacity * ci->size);
     atomic_store_explicit(&s->owner_heap, NULL, memory_order_relaxed);
     atomic_store_explicit(&s->xstate, GS_X_MAKE(0, GS_LINK_END, 0), memory_order_relaxed);
     for (int i = 0; i < GS_PENDING_CHAINS; i++)

@@ -1,0 +1,55 @@
+/*
+ * A program run under memcheck by tests/valgrind/run_memcheck.sh, one
+ * scenario per argument. Each scenario either must produce no memcheck
+ * error, or exactly the error the script expects (an invalid read, a leak).
+ */
+#include "graceslab.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static volatile char sink;
+
+int main(int argc, char **argv)
+{
+    const char *s = argc > 1 ? argv[1] : "clean";
+    /* Not object 0 of its slab: the slab's start pointer would keep that
+       one "reachable" for the leak checker. */
+    void *pad = malloc(40);
+    char *p = malloc(40);
+    strcpy(p, "graceslab");
+    if (!strcmp(s, "clean")) {
+        char *q = realloc(p, 4000);
+        q = realloc(q, 100000);
+        free(q);
+    } else if (!strcmp(s, "use_after_free")) {
+        free(p);
+        sink = p[0]; /* memcheck: invalid read */
+    } else if (!strcmp(s, "leak")) {
+        p = NULL; /* memcheck: 40 bytes definitely lost */
+    } else if (!strcmp(s, "overflow")) {
+        sink = p[41]; /* memcheck: invalid read past the block */
+        free(p);
+    } else if (!strcmp(s, "pending_read")) {
+        gs_rcu_read_lock();
+        gs_free_rcu(p);
+        sink = p[0]; /* a reader during the grace period: allowed */
+        gs_rcu_read_unlock();
+        gs_reclaim((size_t)-1);
+    } else if (!strcmp(s, "read_after_gp")) {
+        gs_free_rcu(p);
+        gs_reclaim((size_t)-1);
+        sink = p[0]; /* after the grace period: invalid read */
+    } else if (!strcmp(s, "large_after_gp")) {
+        char *big = malloc(1 << 20);
+        big[12345] = 1;
+        gs_free_rcu(big);
+        sink = big[12345]; /* still pending: allowed */
+        gs_reclaim((size_t)-1);
+        sink = big[12345]; /* invalid read */
+        free(p);
+    }
+    free(pad);
+    return 0;
+}
