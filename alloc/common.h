@@ -49,6 +49,7 @@ enum gsi_option {
     GSI_OPT_STATS,            /* GRACESLAB_STATS: print a summary at exit */
     GSI_OPT_PURGE_DELAY_MS,   /* GRACESLAB_PURGE_DELAY_MS */
     GSI_OPT_EMPTY_CACHE_MB,   /* GRACESLAB_EMPTY_CACHE_MB */
+    GSI_OPT_HEAP_EMPTY_KB,    /* GRACESLAB_HEAP_EMPTY_KB */
     GSI_OPT_LARGE_CACHE_MB,   /* GRACESLAB_LARGE_CACHE_MB */
     GSI_OPT_RCU_LAZY_MS,      /* GRACESLAB_RCU_LAZY_MS */
     GSI_OPT_RCU_LAZY_BATCH,   /* GRACESLAB_RCU_LAZY_BATCH */
@@ -59,5 +60,7 @@ enum gsi_option {
 };
 /* Value of an option; the first call parses the environment (no malloc). */
 long gsi_option(enum gsi_option opt);
+/* Overrides an option (tests of internals). */
+void gsi_option_set(enum gsi_option opt, long value);
 
 #endif /* GS_COMMON_H */

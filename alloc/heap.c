@@ -23,6 +23,11 @@
 #include <string.h>
 
 #define EXTEND_BATCH 256 /* never-used objects linked per refill */
+/* Empty slabs a heap keeps for reuse instead of returning them to their
+   segment (GRACESLAB_HEAP_EMPTY_KB, 2 MiB): a program that allocates and
+   frees batches then never touches the segment lock, and the bound keeps
+   idle threads from holding much memory. */
+#define HEAP_EMPTY_KEEP ((size_t)gsi_option(GSI_OPT_HEAP_EMPTY_KB) << 10)
 
 struct gs_slab gsi_empty_slab = {.free_head = GS_LINK_END, .kind = GS_SLAB_UNUSED};
 struct gs_heap gsi_empty_heap = {.active = {[0 ... GS_NCLASSES - 1] = &gsi_empty_slab}};
@@ -94,6 +99,10 @@ void gsi_heap_list_remove(struct gs_slab_list *l, struct gs_slab *s)
 
 static void unlink_owned(struct gs_heap *h, struct gs_slab *s)
 {
+    if (s->kept_empty) {
+        s->kept_empty = false;
+        h->empty_bytes -= (size_t)s->span * GS_SLOT_SIZE;
+    }
     if (s->where == GS_IN_PARTIAL)
         gsi_heap_list_remove(&h->partial[s->cls], s);
     else if (s->where == GS_IN_WAITING)
@@ -432,9 +441,18 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
     /* Keep the active slab: a thread that allocates and frees one object
        at a time must not map and unmap a slab per call. */
     GS_ASSERT(s->where != GS_IN_ACTIVE);
-    if (gsi_slab_has_pending(s))
+    if (gsi_slab_has_pending(s) || s->kept_empty)
         return;
     unlink_owned(h, s);
+    size_t bytes = (size_t)s->span * GS_SLOT_SIZE;
+    if (h->empty_bytes + bytes <= HEAP_EMPTY_KEEP && h->live) {
+        /* Kept at the tail: partly used slabs are refilled first. */
+        s->kept_empty = true;
+        h->empty_bytes += bytes;
+        s->where = GS_IN_PARTIAL;
+        list_append(&h->partial[s->cls], s);
+        return;
+    }
     gsi_orphan_remove(s);
     gsi_slab_retire(s);
 }

@@ -129,6 +129,8 @@ struct gs_slab {
     uint8_t span;            /* slots covered */
     uint8_t kind;            /* enum gs_slab_kind (segment lock) */
     uint8_t where;           /* enum gs_slab_where: which heap list */
+    bool kept_empty;         /* empty, kept on the partial list for reuse
+                                (counted in heap->empty_bytes) */
     struct gs_slab *next, *prev; /* heap partial/waiting list (owner) */
     struct gs_slab *orphan_next, *orphan_prev; /* orphan list (orphan_lock) */
     struct gs_cache *cache;  /* owning dedicated cache, NULL for malloc */
@@ -197,6 +199,7 @@ struct gs_heap {
     bool live;                                 /* has a thread (heap_lock) */
     struct gs_slab_list partial[GS_NCLASSES];  /* owned, with free objects */
     struct gs_slab_list waiting[GS_NCLASSES];  /* owned, pending objects only */
+    size_t empty_bytes;                        /* empty slabs kept on partial lists */
     struct gs_heap *next_all;                  /* all heaps (heap_lock) */
     struct gs_heap *next_pool;                 /* free pool (heap_lock) */
     /* Statistics: written by the owner (relaxed), read by gs_stats_get. */

@@ -7,7 +7,8 @@
  * |---------------------------------|---------|-------------------------------------------|
  * | GRACESLAB_STATS                 | 0       | 1: print a statistics summary at exit     |
  * | GRACESLAB_PURGE_DELAY_MS        | 100     | empty slabs kept this long before madvise  |
- * | GRACESLAB_EMPTY_CACHE_MB        | 8       | empty slabs kept (bytes) before immediate madvise |
+ * | GRACESLAB_EMPTY_CACHE_MB        | 32      | empty slabs kept (bytes) before immediate madvise |
+ * | GRACESLAB_HEAP_EMPTY_KB         | 2048    | empty slabs a thread heap keeps for reuse  |
  * | GRACESLAB_LARGE_CACHE_MB        | 64      | freed large blocks kept for reuse (bytes) |
  * | GRACESLAB_RCU_LAZY_MS           | 1000    | lazy call_rcu / pending-reclaim timeout   |
  * | GRACESLAB_RCU_LAZY_BATCH        | 10000   | lazy callbacks queued before a GP starts  |
@@ -28,7 +29,8 @@ struct option_def {
 static const struct option_def option_defs[GSI_OPT_COUNT] = {
     [GSI_OPT_STATS] = {"GRACESLAB_STATS", 0},
     [GSI_OPT_PURGE_DELAY_MS] = {"GRACESLAB_PURGE_DELAY_MS", 100},
-    [GSI_OPT_EMPTY_CACHE_MB] = {"GRACESLAB_EMPTY_CACHE_MB", 8},
+    [GSI_OPT_EMPTY_CACHE_MB] = {"GRACESLAB_EMPTY_CACHE_MB", 32},
+    [GSI_OPT_HEAP_EMPTY_KB] = {"GRACESLAB_HEAP_EMPTY_KB", 2048},
     [GSI_OPT_LARGE_CACHE_MB] = {"GRACESLAB_LARGE_CACHE_MB", 64},
     [GSI_OPT_RCU_LAZY_MS] = {"GRACESLAB_RCU_LAZY_MS", 1000},
     [GSI_OPT_RCU_LAZY_BATCH] = {"GRACESLAB_RCU_LAZY_BATCH", 10000},
@@ -70,6 +72,12 @@ static void options_parse(void)
     }
     /* Pairs with the acquire load in gsi_option(). */
     atomic_store_explicit(&options_ready, true, memory_order_release);
+}
+
+void gsi_option_set(enum gsi_option opt, long value)
+{
+    gsi_option(opt); /* parse the rest first */
+    __atomic_store_n(&option_values[opt], value, __ATOMIC_RELAXED);
 }
 
 long gsi_option(enum gsi_option opt)
