@@ -16,6 +16,7 @@
 #include "alloc/internal.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <string.h>
 
 #define HEADER_BYTES 64
@@ -43,6 +44,8 @@ size_t gsi_large_cached_bytes(void)
     return __atomic_load_n(&cache_bytes, __ATOMIC_RELAXED);
 }
 
+static struct gs_large *block_resize(struct gs_large *b, size_t len);
+
 static size_t object_offset(size_t align)
 {
     return align <= HEADER_BYTES ? HEADER_BYTES : align;
@@ -55,8 +58,10 @@ static void block_unmap(struct gs_large *b)
     gsi_os_unmap(b, len);
 }
 
-/* Takes a cached block that fits len bytes with the object at offset off,
-   without wasting more than a quarter. */
+/* Takes a cached block for a len-byte mapping: the smallest that fits
+   without wasting more than a quarter, else the one closest in size, which
+   the caller resizes (its pages are already faulted in, and the cache never
+   holds more than its bound). */
 static struct gs_large *cache_take(size_t len, size_t region_align)
 {
     struct gs_large *best = NULL, **best_link = NULL;
@@ -64,11 +69,15 @@ static struct gs_large *cache_take(size_t len, size_t region_align)
         return NULL;
     pthread_mutex_lock(&large_lock);
     for (struct gs_large **l = &cache_first, *b; (b = *l); l = &b->next) {
-        if (b->map_len < len || b->map_len - len > len / 4)
-            continue;
         if ((uintptr_t)b & (region_align - 1))
             continue;
-        if (!best || b->map_len < best->map_len) {
+        bool fits = b->map_len >= len && b->map_len - len <= len / 4;
+        size_t d = b->map_len > len ? b->map_len - len : len - b->map_len;
+        size_t best_d = !best ? SIZE_MAX
+                              : best->map_len > len ? best->map_len - len : len - best->map_len;
+        bool best_fits = best && best->map_len >= len && best->map_len - len <= len / 4;
+        if (!best || (fits && (!best_fits || b->map_len < best->map_len)) ||
+            (!fits && !best_fits && d < best_d)) {
             best = b;
             best_link = l;
         }
@@ -127,6 +136,17 @@ void *gsi_large_alloc(size_t size, size_t align, bool zero)
     size_t region_align = align > GS_SEGMENT_SIZE ? align : GS_SEGMENT_SIZE;
     gsi_pending_large_refill();
     struct gs_large *b = cache_take(len, region_align);
+    if (b && (b->map_len < len || b->map_len - len > len / 4)) {
+        /* The new offset first: a move keeps the region aligned for it. */
+        b->user = (char *)b + off;
+        struct gs_large *r = block_resize(b, len);
+        if (!r) { /* cannot grow it: give it back to the OS */
+            block_unmap(b);
+            b = NULL;
+        } else {
+            b = r;
+        }
+    }
     bool fresh = !b;
     if (fresh) {
         cache_trim(false);
@@ -215,6 +235,45 @@ void gsi_large_free(struct gs_large *b, const char *call)
     }
 }
 
+/* Resizes the mapping of b to len bytes: in place when it shrinks or the
+   pages after it are free, else by moving its pages (mremap, no copy) to a
+   new 4 MiB-aligned reservation. Returns the block (moved or not), or NULL
+   with b untouched. */
+static struct gs_large *block_resize(struct gs_large *b, size_t len)
+{
+    size_t old_len = b->map_len;
+    size_t off = (size_t)((char *)b->user - (char *)b);
+    if (len == old_len)
+        return b;
+    if (len < old_len) {
+        if (!gsi_os_remap(b, old_len, len, NULL))
+            return b; /* keeping the longer mapping is harmless */
+        gsi_map_clear((char *)b + len, old_len - len);
+        gsi_map_set(b, len, GS_MAP_LARGE);
+    } else if (gsi_os_remap(b, old_len, len, NULL)) {
+        gsi_map_set(b, len, GS_MAP_LARGE);
+    } else {
+        size_t region_align = off > GS_SEGMENT_SIZE ? off : GS_SEGMENT_SIZE;
+        void *dst = gsi_os_map_aligned(len, region_align);
+        if (!dst)
+            return NULL;
+        gsi_map_clear(b, old_len);
+        if (!gsi_os_remap(b, old_len, len, dst)) {
+            gsi_map_set(b, old_len, GS_MAP_LARGE);
+            gsi_os_unmap(dst, len);
+            return NULL;
+        }
+        /* mremap replaced dst's reservation; account for it once. */
+        atomic_fetch_sub_explicit(&gsi_os_mapped_bytes, len, memory_order_relaxed);
+        b = dst;
+        gsi_map_set(b, len, GS_MAP_LARGE);
+        b->user = (char *)b + off;
+    }
+    b->map_len = len;
+    b->usable = len - off;
+    return b;
+}
+
 void *gsi_large_realloc(struct gs_large *b, size_t size)
 {
     size_t off = (size_t)((char *)b->user - (char *)b);
@@ -223,46 +282,10 @@ void *gsi_large_realloc(struct gs_large *b, size_t size)
         return NULL;
     }
     size_t len = (off + size + GS_PAGE - 1) & ~(size_t)(GS_PAGE - 1);
-    size_t old_len = b->map_len;
-    if (len == old_len)
-        return b->user;
-    if (len < old_len) {
-        /* Shrink in place; the tail goes back to the OS. */
-        if (gsi_os_remap(b, old_len, len, NULL)) {
-            gsi_map_clear((char *)b + len, old_len - len);
-            gsi_map_set(b, len, GS_MAP_LARGE);
-            b->map_len = len;
-            b->usable = len - off;
-        }
-        return b->user;
-    }
-    /* Grow in place if the pages after the block are free. */
-    if (gsi_os_remap(b, old_len, len, NULL)) {
-        gsi_map_set(b, len, GS_MAP_LARGE);
-        b->map_len = len;
-        b->usable = len - off;
-        return b->user;
-    }
-    /* Move the pages (no copy) to a new aligned reservation. */
-    size_t region_align = off > GS_SEGMENT_SIZE ? off : GS_SEGMENT_SIZE;
-    void *dst = gsi_os_map_aligned(len, region_align);
-    if (!dst) {
+    struct gs_large *nb = block_resize(b, len);
+    if (!nb) {
         errno = ENOMEM;
         return NULL;
     }
-    gsi_map_clear(b, old_len);
-    if (!gsi_os_remap(b, old_len, len, dst)) {
-        gsi_map_set(b, old_len, GS_MAP_LARGE);
-        gsi_os_unmap(dst, len);
-        errno = ENOMEM;
-        return NULL;
-    }
-    /* mremap unmapped dst's old pages; account for that reservation. */
-    atomic_fetch_sub_explicit(&gsi_os_mapped_bytes, len, memory_order_relaxed);
-    b = dst;
-    gsi_map_set(b, len, GS_MAP_LARGE);
-    b->map_len = len;
-    b->user = (char *)b + off;
-    b->usable = len - off;
-    return b->user;
+    return nb->user;
 }
