@@ -5,7 +5,8 @@
  * Every program takes key=value arguments (seconds=0.5 threads=4 size=64;
  * numbers accept K/M/G suffixes, powers of 1024) and prints exactly one line
  *
- *   RESULT name=<bench> <key>=<value> ... ops=<n> secs=<s> ops_per_sec=<r> peak_rss_kb=<kb>
+ *   RESULT name=<bench> <key>=<value> ... ops=<n> secs=<s> ops_per_sec=<r>
+ *          cpu_secs=<user+sys of the whole process> peak_rss_kb=<kb>
  *
  * on stdout, which bench/run parses. The programs call only the standard
  * malloc family, so one binary runs under every allocator via LD_PRELOAD.
