@@ -220,7 +220,7 @@ void gsi_heap_init_once(void)
     if (atomic_load_explicit(&init_state, memory_order_relaxed) != 2) {
         in_init = true;
         gsi_classes_init();
-        gsi_valgrind = GS_VG_RUNNING();
+        gsi_valgrind = GS_VG_RUNNING() && gsi_option(GSI_OPT_VALGRIND) != 0;
         for (unsigned c = 0; c < GS_NCLASSES; c++)
             pthread_mutex_init(&orphans[c].lock, NULL);
         pthread_key_create(&heap_key, thread_exit);

@@ -14,6 +14,7 @@
  * | GRACESLAB_RCU_LAZY_BATCH        | 10000   | lazy callbacks queued before a GP starts  |
  * | GRACESLAB_RCU_FENCES            | 0       | 1: fence read side even with membarrier   |
  * | GRACESLAB_PENDING_EXPEDITE_KB   | 256     | pending bytes in a class that make refill start a GP |
+ * | GRACESLAB_VALGRIND              | 1       | under memcheck: 1 reports blocks with client requests, 0 does not |
  * | GRACESLAB_OS_FAIL_AFTER_MB      | 0       | fault injection: OS refuses memory past this much (0: off) |
  */
 #include "alloc/common.h"
@@ -37,6 +38,7 @@ static const struct option_def option_defs[GSI_OPT_COUNT] = {
     [GSI_OPT_RCU_FENCES] = {"GRACESLAB_RCU_FENCES", 0},
     [GSI_OPT_PENDING_EXPEDITE_KB] = {"GRACESLAB_PENDING_EXPEDITE_KB", 256},
     [GSI_OPT_OS_FAIL_AFTER_MB] = {"GRACESLAB_OS_FAIL_AFTER_MB", 0},
+    [GSI_OPT_VALGRIND] = {"GRACESLAB_VALGRIND", 1},
 };
 
 /* Parsed values. Written once by whichever thread parses first; the parse is

@@ -19,7 +19,16 @@ extern bool gsi_valgrind; /* set once at initialisation */
 #if GS_VALGRIND
 #include <valgrind/memcheck.h>
 #include <valgrind/valgrind.h>
-#define GS_VG_RUNNING() (RUNNING_ON_VALGRIND != 0)
+/* Under memcheck only: other tools (callgrind, helgrind...) measure or
+   check the program as it runs natively, fast paths included.
+   VALGRIND_GET_VBITS is a memcheck request; other tools answer 0. */
+static inline bool gs_vg_memcheck(void)
+{
+    static volatile char probe;
+    char vbits = 0;
+    return RUNNING_ON_VALGRIND && VALGRIND_GET_VBITS(&probe, &vbits, 1) == 1;
+}
+#define GS_VG_RUNNING() (gs_vg_memcheck())
 #define GS_VG_ALLOC(p, n, zeroed)                                              \
     do {                                                                       \
         if (gsi_valgrind && (p))                                               \
