@@ -63,6 +63,8 @@ void gsi_pending_stats_counts(struct gs_stats *st);
    writer per heap: load + store, relaxed (gs_stats_get sums racily). */
 static void count_pending(unsigned cls, int64_t delta)
 {
+    if (!GS_STATS)
+        return; /* -Dstats=false: no pending figures in gs_stats_get */
     struct gs_heap *h = gsi_tls_mine;
     if (h != &gsi_empty_heap) {
         int64_t v = atomic_load_explicit(&h->pending_objects[cls], memory_order_relaxed);
@@ -74,6 +76,8 @@ static void count_pending(unsigned cls, int64_t delta)
 
 static void count_reclaimed(uint64_t n)
 {
+    if (!GS_STATS)
+        return;
     struct gs_heap *h = gsi_tls_mine;
     if (h != &gsi_empty_heap) {
         uint64_t v = atomic_load_explicit(&h->reclaimed_objects, memory_order_relaxed);
