@@ -4,7 +4,9 @@
  * the other in one run. Counts voluntary + involuntary context switches in
  * /proc/self/task/<tid>/status of every thread but the main one, split into
  * graceslab's lazy thread ("gs-rcu-lazy") and the others (liburcu's
- * call_rcu thread). Then `idle` seconds with nothing pending.
+ * call_rcu thread). Then a trickle of gs_malloc + gs_free_rcu (the
+ * allocator's deferred free, reclaimed by its own slow paths and the lazy
+ * sweep), then `idle` seconds with nothing pending.
  * Args: rate=N (callbacks/s) seconds=N idle=N.
  */
 #include "graceslab.h"
@@ -90,6 +92,20 @@ int main(int argc, char **argv)
     switches(s2);
     double urcu_rate = (double)(s2[1] - s1[1]) / secs;
 
+    /* gs_free_rcu trickle: one allocation and one deferred free per step. */
+    t0 = rb_now();
+    for (long i = 0; i < n; i++) {
+        void *p = gs_malloc(64);
+        gs_free_rcu(p);
+        pace(t0, i + 1, rate);
+    }
+    long s2b[2];
+    switches(s2b);
+    double free_rcu_rate = (double)(s2b[0] - s2[0]) / secs;
+    struct gs_stats st;
+    gs_stats_get(&st);
+    size_t trickle_pending = st.pending_objects;
+
     /* Idle: let graceslab's lazy thread finish its batch and linger, and
        liburcu's thread drain, then count. */
     usleep(2500000);
@@ -100,10 +116,13 @@ int main(int argc, char **argv)
     printf("rcu_trickle: %.0f call_rcu/s for %.0f s, then %.0f s idle\n", rate, secs, idle);
     printf("  graceslab lazy thread  %7.2f wakeups/s   idle: %ld\n", gs_rate, s4[0] - s3[0]);
     printf("  liburcu call_rcu thr.  %7.2f wakeups/s   idle: %ld\n", urcu_rate, s4[1] - s3[1]);
+    printf("  gs_free_rcu trickle    %7.2f wakeups/s   (pending at its end: %zu objects)\n",
+           free_rcu_rate, trickle_pending);
     printf("  callbacks run: gs %ld, urcu %ld\n", (long)atomic_load(&done_gs),
            (long)atomic_load(&done_urcu));
-    printf("RESULT rcu_trickle gs_wakeups_per_s=%.2f urcu_wakeups_per_s=%.2f gs_idle=%ld urcu_idle=%ld\n",
-           gs_rate, urcu_rate, s4[0] - s3[0], s4[1] - s3[1]);
+    printf("RESULT rcu_trickle gs_wakeups_per_s=%.2f urcu_wakeups_per_s=%.2f "
+           "free_rcu_wakeups_per_s=%.2f gs_idle=%ld urcu_idle=%ld\n",
+           gs_rate, urcu_rate, free_rcu_rate, s4[0] - s3[0], s4[1] - s3[1]);
     gs_rcu_barrier();
     urcu_memb_barrier();
     urcu_memb_unregister_thread();
