@@ -483,19 +483,15 @@ void gsi_heap_wait_pending(struct gs_heap *h, struct gs_slab *s)
     list_append(&h->waiting[s->cls], s);
 }
 
-/* h adopted the ownerless slab s outside its lists (a sweep): keep it if it
-   is useful to h, give it back otherwise. */
+static void abandon_slab(struct gs_heap *h, struct gs_slab *s);
+
+/* h adopted the ownerless slab s outside its lists (a sweep, which may run
+   on the engine's lazy thread, a thread that never allocates): retire it if
+   empty, else hand it back to the orphan list, where allocating heaps of its
+   class adopt it. */
 void gsi_heap_settle_adopted(struct gs_heap *h, struct gs_slab *s)
 {
-    gsi_orphan_remove(s);
-    gsi_slab_collect(s);
-    if (s->free_head != GS_LINK_END || s->bump < s->capacity) {
-        make_partial(h, s);
-        if (s->used == 0)
-            gsi_heap_slab_empty(h, s);
-        return;
-    }
-    put_exhausted(h, s);
+    abandon_slab(h, s);
 }
 
 static void sum_pending(struct gs_heap *h, void *arg)
