@@ -49,6 +49,24 @@ int main(int argc, char **argv)
         gs_reclaim((size_t)-1);
         sink = big[12345]; /* invalid read */
         free(p);
+    } else if (!strcmp(s, "slot_reuse")) {
+        /* A slab slot formatted for one class, emptied and retired, then
+           formatted for a class with a longer link array: graceslab's own
+           link-array accesses in that slot must not be memcheck errors
+           (run with GRACESLAB_HEAP_EMPTY_KB=0 so the slot is retired at
+           once). Then the new blocks are used and freed normally. */
+        void *big[32], *small[3000];
+        for (int i = 0; i < 32; i++)
+            big[i] = malloc(2048);
+        for (int i = 0; i < 32; i++)
+            free(big[i]);
+        for (int i = 0; i < 3000; i++) {
+            small[i] = malloc(16);
+            memset(small[i], i & 0xff, 16);
+        }
+        for (int i = 0; i < 3000; i++)
+            free(small[i]);
+        free(p);
     }
     free(pad);
     return 0;
