@@ -31,6 +31,9 @@
 void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
 {
     const struct gs_class_info *ci = &gsi_classes[cls];
+    /* memcheck: the slots may have held objects of another class, which
+       it knows as freed blocks. */
+    GS_VG_ADDRESSABLE(base, ci->link_bytes);
     s->link = (uint16_t *)base;
     s->start = base + ci->link_bytes;
     s->free_head = GS_LINK_END;

@@ -44,6 +44,13 @@ static inline bool gs_vg_memcheck(void)
         if (gsi_valgrind)                                                      \
             VALGRIND_MAKE_MEM_NOACCESS((p), (n));                              \
     } while (0)
+/* Memory that becomes graceslab metadata again (a slab's link array over
+   slots that held objects before). */
+#define GS_VG_ADDRESSABLE(p, n)                                                \
+    do {                                                                       \
+        if (gsi_valgrind)                                                      \
+            VALGRIND_MAKE_MEM_UNDEFINED((p), (n));                             \
+    } while (0)
 /* graceslab's own reads of a block's slack (realloc copies the usable
    size, which memcheck does not know). */
 #define GS_VG_QUIET_BEGIN()                                                    \
@@ -61,6 +68,7 @@ static inline bool gs_vg_memcheck(void)
 #define GS_VG_ALLOC(p, n, zeroed) ((void)(p), (void)(n), (void)(zeroed))
 #define GS_VG_FREE(p) ((void)(p))
 #define GS_VG_NOACCESS(p, n) ((void)(p), (void)(n))
+#define GS_VG_ADDRESSABLE(p, n) ((void)(p), (void)(n))
 #define GS_VG_QUIET_BEGIN() ((void)0)
 #define GS_VG_QUIET_END() ((void)0)
 #endif
