@@ -1,16 +1,19 @@
 #!/bin/bash
 # Real programs with and without LD_PRELOAD=libgraceslab.so: python (a
 # selection of its regression tests and a workload script), sqlite3, git,
-# gcc and perl on deterministic inputs. For each, stdout and the exit status
+# gcc, perl, redis (a server on a free loopback port, driven by a
+# deterministic redis-cli session and by redis-benchmark) and node (a
+# workload script with worker threads) on deterministic inputs. For each, stdout and the exit status
 # must be identical under both allocators. A probe first checks that each
 # program really runs on graceslab when preloaded (GRACESLAB_STATS=1 makes
 # it print its summary at exit; not set for the comparisons themselves,
 # because some programs check their children's stderr).
 #
 # usage: run_preload.sh /path/to/libgraceslab.so [check...]
-#   checks: python_regrtest python_script sqlite3 git gcc perl (default: all)
+#   checks: python_regrtest python_script sqlite3 git gcc perl redis node
+#   (default: all)
 # Needs: python3 (libpython3.11-testsuite for the regression tests), sqlite3,
-# git, gcc, perl.
+# git, gcc, perl, redis-server and redis-tools, nodejs.
 set -u
 
 so=$(readlink -f "${1:?usage: run_preload.sh libgraceslab.so [check...]}")
@@ -204,6 +207,128 @@ perl_work() {
     '
 }
 
+# ------------------------------------------------------------- redis
+
+# A TCP port nobody listens on (the kernel picks it; the tiny window before
+# redis-server binds it is harmless on a test machine).
+free_port() {
+    "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# The server, the client and the benchmark all run with the caller's
+# LD_PRELOAD. redis-server links libjemalloc dynamically; preloaded, its
+# malloc/free/realloc/calloc/malloc_usable_size resolve to graceslab (the
+# probe below checks it), only mallctl statistics stay jemalloc's.
+redis_work() {
+    local port pid i status round
+    port=$(free_port) || return 1
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+        --dir "$PWD" --dbfilename dump.rdb --logfile "$PWD/redis.log" \
+        --enable-debug-command local --lazyfree-lazy-user-del yes >/dev/null &
+    pid=$!
+    for i in $(seq 1 100); do
+        [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ] && break
+        sleep 0.1
+    done
+    redis_session "$port"
+    # redis-benchmark: the test names it completed (its figures are
+    # timings); two rounds, small values in a few keys, then 4000-byte
+    # values in 20000 random keys; 2 client threads. A crashed server shows
+    # as missing names and in the server's exit status below.
+    for round in "-d 16" "-d 4000 -r 20000"; do
+        # shellcheck disable=SC2086
+        redis-benchmark -p "$port" -q --csv -n 20000 -c 16 -P 8 --threads 2 $round \
+            -t set,get,incr,lpush,rpush,lpop,rpop,sadd,hset,spop,zadd,zpopmin,lrange_100,mset |
+            cut -d, -f1 | tr -d '"'
+    done
+    # Every request was processed: calls per command (the session's and
+    # the benchmark's) and no failed or rejected call.
+    redis-cli -p "$port" info commandstats | tr -d '\r' |
+        grep -E '^cmdstat_(set|get|incr|lpush|rpop|sadd|hset|zadd|zpopmin|lrange|mset):' |
+        sed -e 's/,usec=[^,]*,usec_per_call=[^,]*//' | sort
+    printf 'flushall async\nping\n' | redis-cli -p "$port"
+    redis-cli -p "$port" shutdown nosave >/dev/null 2>&1
+    for i in $(seq 1 100); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -0 "$pid" 2>/dev/null && { kill -9 "$pid"; echo "redis-server did not stop"; }
+    wait "$pid"
+    status=$?
+    echo "redis-server exit status $status"
+    [ $status = 0 ] || tail -30 redis.log >&2
+    return $status
+}
+
+# A deterministic session: every data type, encodings that convert as they
+# grow (listpack -> hashtable/skiplist/quicklist), string appends (realloc),
+# Lua, SORT, a BGSAVE (fork) and DEBUG RELOAD (save and load the RDB), lazy
+# frees on the server's background thread (UNLINK, FLUSHALL ASYNC), and
+# DEBUG DIGEST (a hash of the whole data set) after each phase.
+redis_session() {
+    redis-cli -p "$1" <<'EOF'
+flushall
+eval "for i = 1, 50000 do redis.call('set', 'k:' .. i, string.rep('v', i % 300)) end return 1" 0
+dbsize
+get k:299
+strlen k:12345
+eval "for i = 1, 3000 do redis.call('rpush', 'list', i) redis.call('hset', 'hash', 'f' .. i, i * 3) redis.call('zadd', 'zset', (i * 7919) % 3001, 'm' .. i) redis.call('sadd', 'set', (i * 31) % 1000) end return 1" 0
+object encoding list
+object encoding hash
+object encoding zset
+object encoding set
+llen list
+lrange list 100 110
+hget hash f2999
+zrange zset 0 9 withscores
+zrangebyscore zset 1000 1010
+scard set
+sort set limit 0 10
+sadd odd 1 3 5 1001 1003
+sunionstore u set odd
+scard u
+debug digest
+eval "local s = 'x' for i = 1, 200 do s = s .. string.rep(tostring(i), 50) redis.call('append', 'grow', string.rep('y', i * 37)) end redis.call('set', 'big', s) return #s" 0
+strlen grow
+getrange grow 1000 1010
+setrange grow 1000000 end
+strlen grow
+eval "for i = 1, 20000 do redis.call('hset', 'h2', i, string.rep('z', i % 100)) end return redis.call('hlen', 'h2')" 0
+eval "for i = 1, 20000, 2 do redis.call('hdel', 'h2', i) end return redis.call('hlen', 'h2')" 0
+eval "for i = 1, 50000, 3 do redis.call('del', 'k:' .. i) end return redis.call('dbsize')" 0
+incrbyfloat fl 1.5
+lpush l2 a b c d e f g
+ltrim l2 1 3
+lrange l2 0 -1
+debug digest
+bgsave
+EOF
+    # Wait for the fork child to finish, then reload the data set from it.
+    local i
+    for i in $(seq 1 100); do
+        redis-cli -p "$1" info persistence | grep -q '^rdb_bgsave_in_progress:0' && break
+        sleep 0.1
+    done
+    redis-cli -p "$1" info persistence | grep -E '^rdb_(bgsave_in_progress|last_bgsave_status)'
+    redis-cli -p "$1" <<'EOF'
+debug reload
+debug digest
+dbsize
+unlink h2 big grow
+dbsize
+flushall async
+dbsize
+eval "for i = 1, 10000 do redis.call('set', 'again:' .. i, i) end return redis.call('dbsize')" 0
+debug digest
+EOF
+}
+
+# ------------------------------------------------------------- node
+
+node_work() {
+    node --expose-gc "$here/workload.js"
+}
+
 # probe PROGRAM ARGS...: preloaded, the program must print graceslab's
 # summary, i.e. its malloc is graceslab's.
 probe() {
@@ -220,8 +345,11 @@ probe sqlite3 :memory: 'select 1'
 probe git --version
 probe gcc --version
 probe perl -e 1
+probe redis-server --version
+probe redis-cli --version
+probe node -e 'Buffer.alloc(1 << 20)'
 
-checks=${*:-python_regrtest python_script sqlite3 git gcc perl}
+checks=${*:-python_regrtest python_script sqlite3 git gcc perl redis node}
 for c in $checks; do
     case $c in
     python_regrtest)
@@ -236,6 +364,8 @@ for c in $checks; do
     git) compare git git_work ;;
     gcc) compare gcc gcc_work ;;
     perl) compare perl perl_work ;;
+    redis) compare redis redis_work ;;
+    node) compare node node_work ;;
     *) echo "unknown check $c" >&2; exit 2 ;;
     esac
 done
