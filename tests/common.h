@@ -10,6 +10,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <sys/mman.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -217,6 +220,76 @@ static inline bool gst_fatal_line_ok(const struct gst_child *c, const char *cons
         }
     }
     return true;
+}
+
+/* ------------------------------------------------ checks in children */
+
+/* Failure report usable in a child that must not allocate (or may have no
+   memory left): format on the stack, write(2), exit 1. */
+static inline __attribute__((format(printf, 1, 2), unused)) _Noreturn void
+gst_child_fail(const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        n = 0;
+    if (n > (int)sizeof buf - 2)
+        n = (int)sizeof buf - 2;
+    buf[n++] = '\n';
+    ssize_t ignored = write(STDERR_FILENO, buf, (size_t)n);
+    (void)ignored;
+    _exit(1);
+}
+
+/* In a child (no Criterion there): report the line and condition, exit 1. */
+#define GST_CHILD_CHECK(cond, fmt, ...)                                        \
+    do {                                                                       \
+        if (!(cond))                                                           \
+            gst_child_fail("line %d: %s: " fmt, __LINE__, #cond, ##__VA_ARGS__); \
+    } while (0)
+
+/* In the Criterion test (a macro, so that the file including this header
+   may include Criterion after it): the child exited 0. */
+#define GST_ASSERT_CHILD_OK(c, what)                                           \
+    cr_assert(WIFEXITED((c)->status) && WEXITSTATUS((c)->status) == 0,         \
+              "%s: child %s %d; stderr:\n%s", (what),                          \
+              WIFEXITED((c)->status) ? "exited with" : "killed by signal",     \
+              WIFEXITED((c)->status) ? WEXITSTATUS((c)->status)                \
+                                     : WTERMSIG((c)->status),                  \
+              (c)->err)
+
+/* An array of n pointers outside the allocator under test (direct mmap),
+   for children that fill memory. NULL if the mapping failed. */
+static inline void **gst_raw_array(size_t n)
+{
+    void *p = mmap(NULL, n * sizeof(void *), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* Re-executing the test program with allocator options in its environment
+   (options are read once, at the first allocation, long before a Criterion
+   test starts): run gst_exec_self in a child (gst_run_child); the new image
+   finds `var`=`mode` in its environment and runs that scenario from a
+   constructor instead of reaching Criterion's main. */
+struct gst_exec_args {
+    const char *var;    /* e.g. "GS_PENDING_CHILD" */
+    const char *mode;   /* the scenario */
+    const char *env[4]; /* "NAME=value", NULL-terminated */
+};
+
+static inline void gst_exec_self(void *arg)
+{
+    struct gst_exec_args *a = arg;
+    setenv(a->var, a->mode, 1);
+    for (int i = 0; a->env[i]; i++)
+        putenv((char *)a->env[i]);
+    char *argv[] = {(char *)"gs_test_child", NULL};
+    execv("/proc/self/exe", argv);
+    gst_child_fail("execv: %s", strerror(errno));
 }
 
 #endif /* GS_TESTS_COMMON_H */

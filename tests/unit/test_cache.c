@@ -15,25 +15,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-static void assert_child_ok(const struct gst_child *c, const char *what)
-{
-    cr_assert(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0,
-              "%s: child %s %d; stderr:\n%s", what,
-              WIFEXITED(c->status) ? "exited with" : "killed by signal",
-              WIFEXITED(c->status) ? WEXITSTATUS(c->status) : WTERMSIG(c->status), c->err);
-}
-
-/* In a child (no Criterion there): report and exit 1. */
-#define CHILD_CHECK(cond, ...)                                                 \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            fprintf(stderr, "line %d: %s: ", __LINE__, #cond);                 \
-            fprintf(stderr, __VA_ARGS__);                                      \
-            fputc('\n', stderr);                                               \
-            _exit(1);                                                          \
-        }                                                                      \
-    } while (0)
-
 /* ---------------------------------------------------------------- basics */
 
 Test(cache, create_alloc_free_destroy)
@@ -360,12 +341,12 @@ static void reader_cache_calls(void *arg)
     unsigned flags = (unsigned)(uintptr_t)arg;
     alarm(10);
     struct gs_cache *c = gs_cache_create("in-reader", 64, 0, flags);
-    CHILD_CHECK(c != NULL, "create");
+    GST_CHILD_CHECK(c != NULL, "create");
     static void *p[100000];
     gs_rcu_read_lock();
     for (int i = 0; i < 100000; i++) {
         p[i] = gs_cache_alloc(c);
-        CHILD_CHECK(p[i] != NULL, "alloc %d", i);
+        GST_CHILD_CHECK(p[i] != NULL, "alloc %d", i);
     }
     for (int i = 0; i < 100000; i += 2)
         gs_cache_free_rcu(c, p[i]);
@@ -373,7 +354,7 @@ static void reader_cache_calls(void *arg)
         gs_cache_free(c, p[i]);
     for (int i = 0; i < 100000; i++) {
         p[i] = gs_cache_alloc(c); /* refills with lots pending in the reader */
-        CHILD_CHECK(p[i] != NULL, "alloc again %d", i);
+        GST_CHILD_CHECK(p[i] != NULL, "alloc again %d", i);
     }
     for (int i = 0; i < 100000; i++)
         gs_cache_free(c, p[i]);
@@ -385,14 +366,14 @@ Test(in_reader, cache_calls_never_wait, .timeout = 60)
 {
     struct gst_child c;
     cr_assert(gst_run_child(reader_cache_calls, (void *)(uintptr_t)0, &c));
-    assert_child_ok(&c, "cache calls in a reader");
+    GST_ASSERT_CHILD_OK(&c, "cache calls in a reader");
 }
 
 Test(in_reader, typesafe_cache_calls_never_wait, .timeout = 60)
 {
     struct gst_child c;
     cr_assert(gst_run_child(reader_cache_calls, (void *)(uintptr_t)GS_CACHE_TYPESAFE_BY_RCU, &c));
-    assert_child_ok(&c, "typesafe cache calls in a reader");
+    GST_ASSERT_CHILD_OK(&c, "typesafe cache calls in a reader");
 }
 
 /* ------------------------------------------------------------- bad input */

@@ -34,39 +34,6 @@
 
 /* ------------------------------------------------------------- helpers */
 
-/* Failure report usable in a child that must not allocate (or may have no
-   memory left): format on the stack, write(2), exit 1. */
-static _Noreturn void child_fail(const char *fmt, ...)
-{
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        n = 0;
-    if (n > (int)sizeof buf - 2)
-        n = (int)sizeof buf - 2;
-    buf[n++] = '\n';
-    ssize_t ignored = write(STDERR_FILENO, buf, (size_t)n);
-    (void)ignored;
-    _exit(1);
-}
-
-#define CHILD_CHECK(cond, fmt, ...)                                            \
-    do {                                                                       \
-        if (!(cond))                                                           \
-            child_fail("line %d: %s: " fmt, __LINE__, #cond, ##__VA_ARGS__);   \
-    } while (0)
-
-static void assert_child_ok(const struct gst_child *c, const char *what)
-{
-    cr_assert(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0,
-              "%s: child %s %d; stderr:\n%s", what,
-              WIFEXITED(c->status) ? "exited with" : "killed by signal",
-              WIFEXITED(c->status) ? WEXITSTATUS(c->status) : WTERMSIG(c->status), c->err);
-}
-
 static size_t pending_bytes(void)
 {
     struct gs_stats st;
@@ -90,15 +57,6 @@ static int class_index(const struct gs_stats *st, size_t usable)
     return -1;
 }
 
-/* Pointer array outside graceslab (direct mmap), for children that fill
-   memory. */
-static void **raw_array(size_t n)
-{
-    void *p = mmap(NULL, n * sizeof(void *), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
-
 /* ------------------------------------------------- re-executed scenarios */
 
 /* Fills memory with blocks of `size` until gs_malloc fails; returns count. */
@@ -109,12 +67,12 @@ static size_t fill(void **ptrs, size_t max, size_t size)
         errno = 0;
         ptrs[n] = gs_malloc(size);
         if (!ptrs[n]) {
-            CHILD_CHECK(errno == ENOMEM, "errno %d after a failed gs_malloc(%zu)", errno, size);
+            GST_CHILD_CHECK(errno == ENOMEM, "errno %d after a failed gs_malloc(%zu)", errno, size);
             return n;
         }
         memset(ptrs[n], 0x5a, size < 256 ? size : 256);
     }
-    child_fail("gs_malloc(%zu) never failed: is GRACESLAB_OS_FAIL_AFTER_MB set?", size);
+    gst_child_fail("gs_malloc(%zu) never failed: is GRACESLAB_OS_FAIL_AFTER_MB set?", size);
 }
 
 #define OOM_LIMIT_MB "48"
@@ -124,8 +82,8 @@ static size_t fill(void **ptrs, size_t max, size_t size)
    outside (reader = false) or inside a read-side section. */
 static void oom_scenario(size_t fill_size, size_t again_size, bool reader, bool warm)
 {
-    void **ptrs = raw_array(OOM_MAX_PTRS);
-    CHILD_CHECK(ptrs != NULL, "mmap");
+    void **ptrs = gst_raw_array(OOM_MAX_PTRS);
+    GST_CHILD_CHECK(ptrs != NULL, "mmap");
     if (warm) {
         /* A deferral and an allocation slow path while memory is plentiful:
            the engine's lazy thread exists before memory runs out. */
@@ -134,10 +92,10 @@ static void oom_scenario(size_t fill_size, size_t again_size, bool reader, bool 
         gs_reclaim(SIZE_MAX);
     }
     size_t n = fill(ptrs, OOM_MAX_PTRS, fill_size);
-    CHILD_CHECK(n * fill_size >= ((size_t)16 << 20), "only %zu blocks of %zu B fit", n, fill_size);
+    GST_CHILD_CHECK(n * fill_size >= ((size_t)16 << 20), "only %zu blocks of %zu B fit", n, fill_size);
     /* Still out of memory for this size. */
     errno = 0;
-    CHILD_CHECK(gs_malloc(fill_size) == NULL && errno == ENOMEM, "memory appeared from nowhere");
+    GST_CHILD_CHECK(gs_malloc(fill_size) == NULL && errno == ENOMEM, "memory appeared from nowhere");
 
     if (reader) {
         /* The deferrals happen inside the section: no grace period that
@@ -149,14 +107,14 @@ static void oom_scenario(size_t fill_size, size_t again_size, bool reader, bool 
         errno = 0;
         void *p = gs_malloc(again_size);
         double dt = gst_now_s() - t0;
-        CHILD_CHECK(p == NULL, "gs_malloc(%zu) inside a read-side section returned %p "
+        GST_CHILD_CHECK(p == NULL, "gs_malloc(%zu) inside a read-side section returned %p "
                                "although all memory is pending on this reader", again_size, p);
-        CHILD_CHECK(errno == ENOMEM, "errno %d, expected ENOMEM", errno);
-        CHILD_CHECK(dt < 2.0, "the failing allocation took %.3f s (it must not wait)", dt);
+        GST_CHILD_CHECK(errno == ENOMEM, "errno %d, expected ENOMEM", errno);
+        GST_CHILD_CHECK(dt < 2.0, "the failing allocation took %.3f s (it must not wait)", dt);
         /* Polling reclaim inside the section cannot free what the section
            protects. */
         size_t r = gs_reclaim(SIZE_MAX);
-        CHILD_CHECK(r == 0, "gs_reclaim inside the reader reclaimed %zu bytes "
+        GST_CHILD_CHECK(r == 0, "gs_reclaim inside the reader reclaimed %zu bytes "
                             "deferred inside that same reader", r);
         gs_rcu_read_unlock();
     } else {
@@ -165,7 +123,7 @@ static void oom_scenario(size_t fill_size, size_t again_size, bool reader, bool 
     }
     errno = 0;
     void *p = gs_malloc(again_size);
-    CHILD_CHECK(p != NULL, "gs_malloc(%zu) failed (errno %d) with %zu bytes pending: "
+    GST_CHILD_CHECK(p != NULL, "gs_malloc(%zu) failed (errno %d) with %zu bytes pending: "
                            "pending memory was not reclaimed", again_size, errno, n * fill_size);
     memset(p, 1, again_size);
     /* Most of what was deferred is usable again. */
@@ -174,7 +132,7 @@ static void oom_scenario(size_t fill_size, size_t again_size, bool reader, bool 
     while (m < OOM_MAX_PTRS && m * again_size < n * fill_size / 2 &&
            (ptrs[m] = gs_malloc(again_size)) != NULL)
         m++;
-    CHILD_CHECK(m * again_size >= n * fill_size / 2,
+    GST_CHILD_CHECK(m * again_size >= n * fill_size / 2,
                 "after reclaim only %zu x %zu B fit again (had %zu x %zu B)", m, again_size, n,
                 fill_size);
 }
@@ -184,17 +142,17 @@ static void oom_scenario(size_t fill_size, size_t again_size, bool reader, bool 
 static void *lazy_burst(void *arg)
 {
     size_t n = (size_t)(uintptr_t)arg;
-    void **ptrs = raw_array(n);
-    CHILD_CHECK(ptrs != NULL, "mmap");
+    void **ptrs = gst_raw_array(n);
+    GST_CHILD_CHECK(ptrs != NULL, "mmap");
     for (size_t i = 0; i < n; i++) {
         ptrs[i] = gs_malloc(64);
-        CHILD_CHECK(ptrs[i] != NULL, "gs_malloc");
+        GST_CHILD_CHECK(ptrs[i] != NULL, "gs_malloc");
     }
     for (size_t i = 0; i < n; i++)
         gs_free_rcu(ptrs[i]);
     /* One slow path: the first block of a class this thread never used. */
     void *p = gs_malloc(12000);
-    CHILD_CHECK(p != NULL, "gs_malloc");
+    GST_CHILD_CHECK(p != NULL, "gs_malloc");
     gs_free(p);
     return NULL;
 }
@@ -206,23 +164,23 @@ static void lazy_scenario(bool in_thread)
     gs_stats_get(&st0);
     if (in_thread) {
         pthread_t t;
-        CHILD_CHECK(pthread_create(&t, NULL, lazy_burst, (void *)(uintptr_t)n) == 0, "");
+        GST_CHILD_CHECK(pthread_create(&t, NULL, lazy_burst, (void *)(uintptr_t)n) == 0, "");
         pthread_join(t, NULL);
     } else {
         lazy_burst((void *)(uintptr_t)n);
     }
     gs_stats_get(&st);
-    CHILD_CHECK(st.pending_objects >= n / 2, "only %zu pending right after the burst",
+    GST_CHILD_CHECK(st.pending_objects >= n / 2, "only %zu pending right after the burst",
                 st.pending_objects);
     double t0 = gst_now_s();
     do {
         gst_sleep_ms(20);
         gs_stats_get(&st);
     } while (st.pending_objects && gst_now_s() - t0 < 5.0);
-    CHILD_CHECK(st.pending_objects == 0, "%zu objects (%zu B) still pending %.1f s after the "
+    GST_CHILD_CHECK(st.pending_objects == 0, "%zu objects (%zu B) still pending %.1f s after the "
                                          "burst with GRACESLAB_RCU_LAZY_MS=100",
                 st.pending_objects, st.pending_bytes, gst_now_s() - t0);
-    CHILD_CHECK(st.reclaimed_objects - st0.reclaimed_objects >= n, "reclaimed %zu < %zu",
+    GST_CHILD_CHECK(st.reclaimed_objects - st0.reclaimed_objects >= n, "reclaimed %zu < %zu",
                 st.reclaimed_objects - st0.reclaimed_objects, n);
 }
 
@@ -257,32 +215,16 @@ __attribute__((constructor)) static void child_mode(void)
     else if (!strcmp(m, "lazy_thread"))
         lazy_scenario(true);
     else
-        child_fail("unknown GS_PENDING_CHILD=%s", m);
+        gst_child_fail("unknown GS_PENDING_CHILD=%s", m);
     _exit(0);
-}
-
-struct exec_args {
-    const char *mode;
-    const char *env[4]; /* "NAME=value", NULL-terminated */
-};
-
-static void exec_self(void *arg)
-{
-    struct exec_args *a = arg;
-    setenv("GS_PENDING_CHILD", a->mode, 1);
-    for (int i = 0; a->env[i]; i++)
-        putenv((char *)a->env[i]);
-    char *argv[] = {"test_pending", NULL};
-    execv("/proc/self/exe", argv);
-    child_fail("execv: %s", strerror(errno));
 }
 
 static void run_mode(const char *mode, const char *env1)
 {
-    struct exec_args a = {mode, {env1, NULL}};
+    struct gst_exec_args a = {"GS_PENDING_CHILD", mode, {env1, NULL}};
     struct gst_child c;
-    cr_assert(gst_run_child(exec_self, &a, &c));
-    assert_child_ok(&c, mode);
+    cr_assert(gst_run_child(gst_exec_self, &a, &c));
+    GST_ASSERT_CHILD_OK(&c, mode);
 }
 
 /* ---------------------------------------------------- out of memory */
@@ -386,21 +328,21 @@ static void no_syscall_child(void *arg)
     size_t bytes = 0;
     for (int i = 0; i < SC_N; i++) {
         own[i] = gs_malloc(16 + (size_t)(i % 64) * 16); /* many classes */
-        CHILD_CHECK(own[i] != NULL, "");
+        GST_CHILD_CHECK(own[i] != NULL, "");
         bytes += gs_usable_size(own[i]);
     }
     for (int i = 0; i < 8; i++) {
         large[i] = gs_malloc((size_t)(40 + i) << 10);
-        CHILD_CHECK(large[i] != NULL, "");
+        GST_CHILD_CHECK(large[i] != NULL, "");
         bytes += gs_usable_size(large[i]);
     }
     /* Blocks of a thread that has exited: their slabs are ownerless or
        orphaned, so gs_free_rcu takes its adoption path. */
     pthread_t t;
-    CHILD_CHECK(pthread_create(&t, NULL, alloc_in_thread, other) == 0, "");
+    GST_CHILD_CHECK(pthread_create(&t, NULL, alloc_in_thread, other) == 0, "");
     pthread_join(t, NULL);
     for (int i = 0; i < 512; i++) {
-        CHILD_CHECK(other[i] != NULL, "");
+        GST_CHILD_CHECK(other[i] != NULL, "");
         bytes += gs_usable_size(other[i]);
     }
     /* Registration of this thread as a reader may make system calls. */
@@ -411,7 +353,7 @@ static void no_syscall_child(void *arg)
 
     struct sigaction sa = {.sa_sigaction = on_sigsys, .sa_flags = SA_SIGINFO};
     sigaction(SIGSYS, &sa, NULL);
-    CHILD_CHECK(install_seccomp(), "seccomp: %s", strerror(errno));
+    GST_CHILD_CHECK(install_seccomp(), "seccomp: %s", strerror(errno));
     sc_phase = 1;
     gs_rcu_read_lock();
     for (int i = 0; i < SC_N; i += 2)
@@ -431,15 +373,15 @@ static void no_syscall_child(void *arg)
     gs_stats_get(&after);
 
     size_t n = SC_N + 8 + 512;
-    CHILD_CHECK(after.mapped_bytes == before.mapped_bytes, "mapped %zu -> %zu",
+    GST_CHILD_CHECK(after.mapped_bytes == before.mapped_bytes, "mapped %zu -> %zu",
                 before.mapped_bytes, after.mapped_bytes);
-    CHILD_CHECK(after.pending_objects == before.pending_objects + n,
+    GST_CHILD_CHECK(after.pending_objects == before.pending_objects + n,
                 "pending objects %zu -> %zu, expected +%zu", before.pending_objects,
                 after.pending_objects, n);
-    CHILD_CHECK(after.pending_bytes == before.pending_bytes + bytes,
+    GST_CHILD_CHECK(after.pending_bytes == before.pending_bytes + bytes,
                 "pending bytes %zu -> %zu, expected +%zu", before.pending_bytes,
                 after.pending_bytes, bytes);
-    CHILD_CHECK(after.allocated_bytes <= before.allocated_bytes, "allocated %zu -> %zu",
+    GST_CHILD_CHECK(after.allocated_bytes <= before.allocated_bytes, "allocated %zu -> %zu",
                 before.allocated_bytes, after.allocated_bytes);
 }
 
@@ -447,7 +389,7 @@ Test(free_rcu, makes_no_system_call_and_allocates_nothing, .timeout = 60)
 {
     struct gst_child c;
     cr_assert(gst_run_child(no_syscall_child, NULL, &c));
-    assert_child_ok(&c, "gs_free_rcu under seccomp");
+    GST_ASSERT_CHILD_OK(&c, "gs_free_rcu under seccomp");
 }
 
 /* --------------------------------------- calls inside a read-side section */
@@ -456,11 +398,11 @@ Test(free_rcu, makes_no_system_call_and_allocates_nothing, .timeout = 60)
    would wait for a grace period rather than map more. */
 static void **defer_lots(size_t n, size_t size)
 {
-    void **p = raw_array(n);
-    CHILD_CHECK(p != NULL, "");
+    void **p = gst_raw_array(n);
+    GST_CHILD_CHECK(p != NULL, "");
     for (size_t i = 0; i < n; i++) {
         p[i] = gs_malloc(size);
-        CHILD_CHECK(p[i] != NULL, "");
+        GST_CHILD_CHECK(p[i] != NULL, "");
     }
     for (size_t i = 0; i < n; i++)
         gs_free_rcu(p[i]);
@@ -474,10 +416,10 @@ static void reader_malloc_free(void *arg)
     defer_lots(32768, 64); /* 2 MiB pending in class 64 */
     gs_rcu_read_lock();
     defer_lots(32768, 64); /* and 2 MiB this reader protects */
-    void **p = raw_array(100000);
+    void **p = gst_raw_array(100000);
     for (size_t i = 0; i < 100000; i++) {
         p[i] = gs_malloc(64);
-        CHILD_CHECK(p[i] != NULL, "gs_malloc(64) #%zu in a reader", i);
+        GST_CHILD_CHECK(p[i] != NULL, "gs_malloc(64) #%zu in a reader", i);
         memset(p[i], 7, 64);
     }
     for (size_t i = 0; i < 100000; i++)
@@ -495,19 +437,19 @@ static void reader_calloc_realloc(void *arg)
     defer_lots(4096, 6400); /* another class pending in-section */
     for (int i = 0; i < 2000; i++) {
         unsigned char *c = gs_calloc(8, 8);
-        CHILD_CHECK(c != NULL, "");
+        GST_CHILD_CHECK(c != NULL, "");
         for (int k = 0; k < 64; k++)
-            CHILD_CHECK(c[k] == 0, "calloc not zeroed");
+            GST_CHILD_CHECK(c[k] == 0, "calloc not zeroed");
         c = gs_realloc(c, 200);         /* another class */
-        CHILD_CHECK(c != NULL, "");
+        GST_CHILD_CHECK(c != NULL, "");
         c = gs_realloc(c, 100 << 10);   /* small -> large */
-        CHILD_CHECK(c != NULL, "");
+        GST_CHILD_CHECK(c != NULL, "");
         c = gs_realloc(c, 300 << 10);   /* large grows */
-        CHILD_CHECK(c != NULL, "");
+        GST_CHILD_CHECK(c != NULL, "");
         c = gs_realloc(c, 24);          /* large -> small */
-        CHILD_CHECK(c != NULL, "");
+        GST_CHILD_CHECK(c != NULL, "");
         void *a = gs_aligned_alloc(4096, 100);
-        CHILD_CHECK(a != NULL && ((uintptr_t)a & 4095) == 0, "");
+        GST_CHILD_CHECK(a != NULL && ((uintptr_t)a & 4095) == 0, "");
         gs_free(a);
         gs_free(c);
     }
@@ -531,11 +473,11 @@ static void reader_free_rcu_and_reclaim(void *arg)
         ;
     void *remote = NULL;
     pthread_t t;
-    CHILD_CHECK(pthread_create(&t, NULL, alloc_one_64, &remote) == 0, "");
+    GST_CHILD_CHECK(pthread_create(&t, NULL, alloc_one_64, &remote) == 0, "");
     pthread_join(t, NULL);
-    CHILD_CHECK(remote != NULL, "");
+    GST_CHILD_CHECK(remote != NULL, "");
     void *small = gs_malloc(64), *large = gs_malloc(1 << 20);
-    CHILD_CHECK(small && large, "");
+    GST_CHILD_CHECK(small && large, "");
     size_t want = gs_usable_size(small) + gs_usable_size(large) + gs_usable_size(remote);
     gs_rcu_read_lock();
     gs_free_rcu(small);
@@ -544,42 +486,42 @@ static void reader_free_rcu_and_reclaim(void *arg)
     gs_free_rcu(NULL);
     for (int i = 0; i < 3; i++) {
         size_t r = gs_reclaim(SIZE_MAX);
-        CHILD_CHECK(r == 0, "gs_reclaim in the reader made %zu bytes reusable that the "
+        GST_CHILD_CHECK(r == 0, "gs_reclaim in the reader made %zu bytes reusable that the "
                             "reader still protects", r);
     }
     struct gs_stats st;
     gs_stats_get(&st);
-    CHILD_CHECK(st.pending_objects == 3, "pending %zu, expected 3", st.pending_objects);
+    GST_CHILD_CHECK(st.pending_objects == 3, "pending %zu, expected 3", st.pending_objects);
     /* Allocation in the section with pending memory around must not hand
        out a protected object. */
     for (int i = 0; i < 1000; i++) {
         void *p = gs_malloc(64);
-        CHILD_CHECK(p != small && p != remote, "a pending object was handed out in its reader");
+        GST_CHILD_CHECK(p != small && p != remote, "a pending object was handed out in its reader");
     }
     gs_rcu_read_unlock();
     size_t r = gs_reclaim(SIZE_MAX);
-    CHILD_CHECK(r == want, "gs_reclaim after the section returned %zu, expected %zu", r, want);
+    GST_CHILD_CHECK(r == want, "gs_reclaim after the section returned %zu, expected %zu", r, want);
 }
 
 Test(in_reader, malloc_free_never_wait, .timeout = 60)
 {
     struct gst_child c;
     cr_assert(gst_run_child(reader_malloc_free, NULL, &c));
-    assert_child_ok(&c, "malloc/free in a reader");
+    GST_ASSERT_CHILD_OK(&c, "malloc/free in a reader");
 }
 
 Test(in_reader, calloc_realloc_aligned_never_wait, .timeout = 60)
 {
     struct gst_child c;
     cr_assert(gst_run_child(reader_calloc_realloc, NULL, &c));
-    assert_child_ok(&c, "calloc/realloc in a reader");
+    GST_ASSERT_CHILD_OK(&c, "calloc/realloc in a reader");
 }
 
 Test(in_reader, free_rcu_and_reclaim_only_poll, .timeout = 60)
 {
     struct gst_child c;
     cr_assert(gst_run_child(reader_free_rcu_and_reclaim, NULL, &c));
-    assert_child_ok(&c, "gs_free_rcu/gs_reclaim in a reader");
+    GST_ASSERT_CHILD_OK(&c, "gs_free_rcu/gs_reclaim in a reader");
 }
 
 /* ---------------------------------------------------- gs_reclaim exact */
