@@ -174,16 +174,16 @@ void *gsi_malloc_aligned(size_t size, size_t align, const char *call)
     }
     if (align <= 16)
         return gs_malloc(size);
+    /* The class table must exist before it is searched (this may be the
+       process's first allocation). */
+    gsi_heap_init_once();
     int cls = gsi_class_aligned(size, align);
     if (cls >= 0) {
-        /* The class table is needed: make sure the heap (and with it the
-           tables) exists before trusting cls. */
         struct gs_heap *h = gsi_heap_get();
         if (!h) {
             errno = ENOMEM;
             return NULL;
         }
-        cls = gsi_class_aligned(size, align);
         return alloc_class(h, (unsigned)cls, size);
     }
     return gsi_large_alloc(size, align, false);
