@@ -144,15 +144,9 @@ static struct gs_slab *cache_slab_of(struct gs_cache *c, const void *p, uint32_t
 {
     if (gsi_map_kind((uintptr_t)p) != GS_MAP_SMALL)
         gsi_fatal(call, "invalid pointer (not allocated by graceslab)", p);
-    struct gs_slab *s = gsi_slab_of(p);
-    if (s->kind != GS_SLAB_SMALL)
-        gsi_fatal(call, "invalid pointer (not allocated by graceslab, or already freed)", p);
+    struct gs_slab *s = gsi_small_block(p, idx, call);
     if (s->cache != c)
         gsi_fatal(call, "object does not belong to this cache:", p);
-    long i = gsi_slab_index(s, p);
-    if (i < 0)
-        gsi_fatal(call, "invalid pointer (not a block start)", p);
-    *idx = (uint32_t)i;
     return s;
 }
 

@@ -353,6 +353,9 @@ void gsi_slab_free_remote(struct gs_heap *h, struct gs_slab *s, uint32_t idx, co
 bool gsi_slab_release(struct gs_heap *h, struct gs_slab *s);
 /* Takes an ownerless slab; true on success (acquire). */
 bool gsi_slab_adopt(struct gs_heap *h, struct gs_slab *s);
+/* The slab and index of the small block p (in a segment), or aborts naming
+   call: an unused slot, or not the start of an object. */
+struct gs_slab *gsi_small_block(const void *p, uint32_t *idx, const char *call);
 /* Aborts with the right message for a link value that is not ALLOCATED. */
 _Noreturn void gsi_bad_free(const char *call, const void *p, uint16_t link);
 

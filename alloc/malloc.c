@@ -84,19 +84,6 @@ GS_EXPORT void gs_free(void *p)
 
 /* ------------------------------------------------------------ slow paths */
 
-/* The slab and index of a small block, or aborts naming call. */
-static struct gs_slab *small_block(const void *p, uint32_t *idx, const char *call)
-{
-    struct gs_slab *s = gsi_slab_of(p);
-    if (GS_UNLIKELY(s->kind != GS_SLAB_SMALL))
-        gsi_fatal(call, "invalid pointer (not allocated by graceslab, or already freed)", p);
-    long i = gsi_slab_index(s, p);
-    if (GS_UNLIKELY(i < 0))
-        gsi_fatal(call, "invalid pointer (not a block start)", p);
-    *idx = (uint32_t)i;
-    return s;
-}
-
 static struct gs_large *large_block(const void *p, const char *call)
 {
     struct gs_large *b = gsi_large_of(p);
@@ -113,7 +100,7 @@ static GS_NOINLINE void free_slow(void *p, const char *call)
     unsigned kind = gsi_map_kind((uintptr_t)p);
     if (kind == GS_MAP_SMALL) {
         uint32_t idx;
-        struct gs_slab *s = small_block(p, &idx, call);
+        struct gs_slab *s = gsi_small_block(p, &idx, call);
         struct gs_heap *h = gsi_tls_mine;
         if (atomic_load_explicit(&s->owner_heap, memory_order_relaxed) == h) {
             gsi_heap_free_local(h, s, idx, call);
@@ -142,7 +129,7 @@ GS_EXPORT size_t gs_usable_size(const void *p)
     unsigned kind = gsi_map_kind((uintptr_t)p);
     if (kind == GS_MAP_SMALL) {
         uint32_t idx;
-        struct gs_slab *s = small_block(p, &idx, "malloc_usable_size");
+        struct gs_slab *s = gsi_small_block(p, &idx, "malloc_usable_size");
         return s->obj_size;
     }
     if (kind >= GS_MAP_LARGE)
@@ -210,7 +197,7 @@ GS_EXPORT void *gs_realloc(void *p, size_t size)
     unsigned kind = gsi_map_kind((uintptr_t)p);
     if (kind == GS_MAP_SMALL) {
         uint32_t idx;
-        struct gs_slab *s = small_block(p, &idx, "realloc");
+        struct gs_slab *s = gsi_small_block(p, &idx, "realloc");
         uint16_t v = gsi_link_load(s, idx);
         if (v != GS_LINK_ALLOCATED)
             gsi_bad_free("realloc", p, v);

@@ -91,13 +91,8 @@ static void count_reclaimed(uint64_t n)
 
 static void free_rcu_small(void *p, const char *call)
 {
-    struct gs_slab *s = gsi_slab_of(p);
-    if (GS_UNLIKELY(s->kind != GS_SLAB_SMALL))
-        gsi_fatal(call, "invalid pointer (not allocated by graceslab, or already freed)", p);
-    long i = gsi_slab_index(s, p);
-    if (GS_UNLIKELY(i < 0))
-        gsi_fatal(call, "invalid pointer (not a block start)", p);
-    uint32_t idx = (uint32_t)i;
+    uint32_t idx;
+    struct gs_slab *s = gsi_small_block(p, &idx, call);
     uint64_t cookie = gsi_gp_cookie();
     _Atomic uint64_t *chain = &s->pending[(cookie >> 1) & (GS_PENDING_CHAINS - 1)];
     uint64_t w = atomic_load_explicit(chain, memory_order_relaxed);
@@ -210,6 +205,15 @@ static uint32_t retag_chain(struct gs_slab *s, uint32_t head, uint32_t n, uint16
     }
 }
 
+static uint32_t counted_reclaim(const struct gs_slab *s, uint32_t n)
+{
+    if (n) {
+        count_pending(s->cls, -(int64_t)n);
+        count_reclaimed(n);
+    }
+    return n;
+}
+
 uint32_t gsi_pending_reclaim_local(struct gs_slab *s)
 {
     uint32_t total = 0;
@@ -225,11 +229,7 @@ uint32_t gsi_pending_reclaim_local(struct gs_slab *s)
         s->used -= n;
         total += n;
     }
-    if (total) {
-        count_pending(s->cls, -(int64_t)total);
-        count_reclaimed(total);
-    }
-    return total;
+    return counted_reclaim(s, total);
 }
 
 /* Not the owner: hands the done chains to the owner through the remote
@@ -254,11 +254,7 @@ static uint32_t reclaim_to_remote(struct gs_slab *s)
             memory_order_release, memory_order_relaxed));
         total += n;
     }
-    if (total) {
-        count_pending(s->cls, -(int64_t)total);
-        count_reclaimed(total);
-    }
-    return total;
+    return counted_reclaim(s, total);
 }
 
 bool gsi_slab_has_pending(const struct gs_slab *s)

@@ -105,6 +105,18 @@ uint32_t gsi_slab_collect(struct gs_slab *s)
     return n;
 }
 
+struct gs_slab *gsi_small_block(const void *p, uint32_t *idx, const char *call)
+{
+    struct gs_slab *s = gsi_slab_of(p);
+    if (GS_UNLIKELY(s->kind != GS_SLAB_SMALL))
+        gsi_fatal(call, "invalid pointer (not allocated by graceslab, or already freed)", p);
+    long i = gsi_slab_index(s, p);
+    if (GS_UNLIKELY(i < 0))
+        gsi_fatal(call, "invalid pointer (not a block start)", p);
+    *idx = (uint32_t)i;
+    return s;
+}
+
 _Noreturn void gsi_bad_free(const char *call, const void *p, uint16_t link)
 {
     if (link == GS_LINK_INVALID)
