@@ -8,7 +8,10 @@
  *   rcu_defer_urcu  liburcu-memb, with mode=callrcu (call_rcu + free),
  *                   mode=batch (kfree_rcu-style: pointer pages of 510, one
  *                   call_rcu per page), mode=sync (synchronize_rcu per 510
- *                   frees) — run on glibc or under LD_PRELOAD=libjemalloc.
+ *                   frees), mode=defer (liburcu's defer_rcu) — run on glibc
+ *                   or under LD_PRELOAD=libjemalloc.
+ * The gs build also reports the pending backlog (gs_stats_get sampled every
+ * 10 ms: the most objects ever pending) and the grace periods completed.
  * Arguments: readers=N writers=N seconds=S mode=...
  * Prints: RESULT name=rcu_defer impl=... updates_per_sec=... reads_per_sec=...
  *         peak_rss_kb=... live_kb=256
@@ -30,6 +33,7 @@
 #define obj_alloc(n) gs_malloc(n)
 #else
 #include <urcu/urcu-memb.h>
+#include <urcu/defer.h>
 #define read_lock() urcu_memb_read_lock()
 #define read_unlock() urcu_memb_read_unlock()
 #define reg_thread() urcu_memb_register_thread()
@@ -110,6 +114,10 @@ static void *writer(void *arg)
     long updates = 0;
     reg_thread();
 #ifndef DEFER_GS
+    if (!strcmp(mode, "defer"))
+        urcu_memb_defer_register_thread();
+#endif
+#ifndef DEFER_GS
     struct batch *b = NULL;
 #endif
     while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
@@ -125,6 +133,8 @@ static void *writer(void *arg)
 #else
             if (!strcmp(mode, "callrcu")) {
                 urcu_memb_call_rcu(&old->head, free_obj_cb);
+            } else if (!strcmp(mode, "defer")) {
+                urcu_memb_defer_rcu(free, old);
             } else {
                 if (!b) {
                     b = malloc(sizeof *b);
@@ -145,6 +155,10 @@ static void *writer(void *arg)
         }
         updates += 256;
     }
+#ifndef DEFER_GS
+    if (!strcmp(mode, "defer"))
+        urcu_memb_defer_unregister_thread();
+#endif
     unreg_thread();
     atomic_fetch_add(&total_updates, updates);
     return NULL;
@@ -193,20 +207,37 @@ int main(int argc, char **argv)
     for (int i = 0; i < writers; i++)
         pthread_create(&t[n++], NULL, writer, (void *)(uintptr_t)(i + 1));
     double t0 = now_s();
+    size_t backlog = 0;
+    unsigned long gp0 = 0, gp1 = 0;
+#ifdef DEFER_GS
+    struct gs_stats st;
+    gs_stats_get(&st);
+    gp0 = st.gp_completed;
+    while (now_s() - t0 < seconds) {
+        struct timespec tick = {0, 10000000};
+        nanosleep(&tick, NULL);
+        gs_stats_get(&st);
+        if (st.pending_objects > backlog)
+            backlog = st.pending_objects;
+    }
+    gp1 = st.gp_completed;
+#else
     struct timespec d = {(time_t)seconds, (long)((seconds - (time_t)seconds) * 1e9)};
     nanosleep(&d, NULL);
+#endif
     atomic_store(&stop, true);
     for (int i = 0; i < n; i++)
         pthread_join(t[i], NULL);
     double el = now_s() - t0;
     printf("RESULT name=rcu_defer impl=%s readers=%d writers=%d updates_per_sec=%.0f "
-           "reads_per_sec=%.0f peak_rss_kb=%ld live_kb=%d corrupt=%ld\n",
+           "reads_per_sec=%.0f peak_rss_kb=%ld live_kb=%d corrupt=%ld max_pending=%zu "
+           "grace_periods=%lu\n",
 #ifdef DEFER_GS
            "gs_free_rcu",
 #else
            mode,
 #endif
            readers, writers, total_updates / el, total_reads / el, peak_rss_kb(),
-           (int)(SLOTS * sizeof(struct obj) / 1024), (long)corrupt);
+           (int)(SLOTS * sizeof(struct obj) / 1024), (long)corrupt, backlog, gp1 - gp0);
     return corrupt != 0;
 }
