@@ -6,6 +6,11 @@
  *                   queues.
  *   fork            fork while other threads allocate; the child allocates,
  *                   frees, starts threads and exits 0.
+ *   fork_deferring  fork while other threads defer frees (gs_free_rcu, some
+ *                   inside read-side sections, some cross-thread) and
+ *                   reclaim: in the child, grace periods complete, every
+ *                   pending byte is reclaimed, deferred blocks stay intact
+ *                   until then, and allocation works from new threads.
  *   thread_churn    10,000 short threads, each allocating and freeing and
  *                   leaving some objects for the main thread; mapped memory
  *                   must stay bounded.
@@ -262,6 +267,154 @@ Test(stress_malloc, fork_while_allocating, .timeout = 600)
     for (int i = 0; i < NTHREADS; i++)
         while (queue_pop(&queues[i], &b))
             verify_and_free(b, "drain");
+    cr_assert_eq(atomic_load(&failures), 0, "first failure: %s", failure_msg);
+}
+
+/* ------------------------------------------------- fork while deferring */
+
+#define DEFER_SLOTS 256
+/* Blocks published by the deferring workers: a reader that finds one under
+   gs_rcu_read_lock() may check it until its unlock, while another worker
+   replaces it and defers the old one. */
+static struct block *_Atomic defer_slot[DEFER_SLOTS];
+static atomic_int defer_stop;
+
+static void *defer_worker(void *arg)
+{
+    uint64_t rng = (uintptr_t)arg;
+    while (!atomic_load(&defer_stop)) {
+        unsigned i = (unsigned)(gst_rand(&rng) % DEFER_SLOTS);
+        bool reader = gst_rand(&rng) % 2;
+        if (reader)
+            gs_rcu_read_lock();
+        /* Replace slot i, deferring the old block (and its descriptor). */
+        struct block *nb = malloc(sizeof *nb);
+        if (!nb || !new_block(nb, &rng)) {
+            if (reader)
+                gs_rcu_read_unlock();
+            return (void *)1;
+        }
+        struct block *old = atomic_exchange(&defer_slot[i], nb);
+        if (old) {
+            gs_free_rcu(old->p);
+            gs_free_rcu(old);
+        }
+        /* Check another published block while it may be deferred. */
+        if (reader) {
+            struct block *b = atomic_load(&defer_slot[(i + 1) % DEFER_SLOTS]);
+            if (b) {
+                size_t bad = gst_check(b->p, b->size, seed_of(b));
+                if (bad != b->size && atomic_fetch_add(&failures, 1) == 0)
+                    snprintf(failure_msg, sizeof failure_msg,
+                             "deferred block %p (%zu B) changed at byte %zu under a reader",
+                             (void *)b->p, b->size, bad);
+            }
+            if (gst_rand(&rng) % 64 == 0)
+                gst_sleep_ms(1); /* often inside a reader at fork time */
+            gs_rcu_read_unlock();
+        } else if (gst_rand(&rng) % 256 == 0) {
+            gs_reclaim(64 << 10);
+        }
+    }
+    return NULL;
+}
+
+static void *defer_child_thread(void *arg)
+{
+    uint64_t rng = (uintptr_t)arg;
+    for (int round = 0; round < 20; round++) {
+        struct block b[32];
+        for (int i = 0; i < 32; i++)
+            if (!new_block(&b[i], &rng))
+                return (void *)1;
+        for (int i = 0; i < 32; i++)
+            gs_free_rcu(b[i].p);
+        gs_synchronize_rcu();
+    }
+    return NULL;
+}
+
+static void fork_deferring_child(void *arg)
+{
+    (void)arg;
+    /* The workers' read-side sections vanished with them: a grace period
+       must complete (gst_run_child's alarm turns a hang into SIGALRM). */
+    gs_synchronize_rcu();
+    /* Blocks still published are intact. */
+    for (int i = 0; i < DEFER_SLOTS; i++) {
+        struct block *b = atomic_load(&defer_slot[i]);
+        if (b && gst_check(b->p, b->size, seed_of(b)) != b->size)
+            _exit(2);
+    }
+    /* Everything the parent's threads deferred is reclaimable here. */
+    struct gs_stats st;
+    for (int k = 0; k < 10; k++) {
+        gs_reclaim(SIZE_MAX);
+        gs_stats_get(&st);
+        if (!st.pending_objects)
+            break;
+    }
+    if (st.pending_objects) {
+        size_t small = 0;
+        for (unsigned c = 0; c < st.nclasses; c++)
+            small += st.class_pending_objects[c];
+        fprintf(stderr, "%zu objects (%zu B; %zu small) still pending in the child after "
+                        "10 x gs_reclaim(SIZE_MAX)\n",
+                st.pending_objects, st.pending_bytes, small);
+        _exit(3);
+    }
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++)
+        if (pthread_create(&t[i], NULL, defer_child_thread, (void *)(uintptr_t)(i + 7)))
+            _exit(4);
+    for (int i = 0; i < 3; i++) {
+        void *ret;
+        pthread_join(t[i], &ret);
+        if (ret)
+            _exit(5);
+    }
+    gs_reclaim(SIZE_MAX);
+    gs_stats_get(&st);
+    if (st.pending_objects) {
+        fprintf(stderr, "%zu objects still pending after the child's own threads\n",
+                st.pending_objects);
+        _exit(6);
+    }
+    _exit(atomic_load(&failures) ? 7 : 0);
+}
+
+Test(stress_malloc, fork_while_deferring, .timeout = 600)
+{
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, defer_worker, (void *)(uintptr_t)((i + 1) * 77)),
+                     0);
+    double end = gst_now_s() + stress_seconds();
+    int forks = 0;
+    while (forks < 10 || gst_now_s() < end) {
+        struct gst_child c;
+        cr_assert(gst_run_child(fork_deferring_child, NULL, &c), "fork failed");
+        cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0,
+                  "fork %d: child status %#x (exit %d; signal %d, SIGALRM = deadlock), "
+                  "stderr: %s",
+                  forks, c.status, WIFEXITED(c.status) ? WEXITSTATUS(c.status) : -1,
+                  WIFSIGNALED(c.status) ? WTERMSIG(c.status) : 0, c.err);
+        forks++;
+        gst_sleep_ms(10);
+    }
+    atomic_store(&defer_stop, 1);
+    for (int i = 0; i < 4; i++) {
+        void *ret;
+        pthread_join(t[i], &ret);
+        cr_assert_null(ret, "a deferring worker's malloc failed: %s", failure_msg);
+    }
+    for (int i = 0; i < DEFER_SLOTS; i++) {
+        struct block *b = atomic_exchange(&defer_slot[i], NULL);
+        if (b) {
+            verify_and_free(*b, "fork_while_deferring drain");
+            free(b);
+        }
+    }
     cr_assert_eq(atomic_load(&failures), 0, "first failure: %s", failure_msg);
 }
 
