@@ -220,22 +220,49 @@ static void *fork_child_thread(void *arg)
     return NULL;
 }
 
+/* In a fork child: runs fn in n new threads (argument first, first + 1...)
+   and joins them; exits with `code` if one cannot start, code + 1 if one
+   returns non-NULL (a failure). */
+static void child_threads(void *(*fn)(void *), int n, uintptr_t first, int code)
+{
+    pthread_t t[8];
+    for (int i = 0; i < n && i < 8; i++)
+        if (pthread_create(&t[i], NULL, fn, (void *)(first + (uintptr_t)i)))
+            _exit(code);
+    for (int i = 0; i < n && i < 8; i++) {
+        void *ret;
+        pthread_join(t[i], &ret);
+        if (ret)
+            _exit(code + 1);
+    }
+}
+
+/* Forks at least 10 times and for the stress duration, 10 ms apart; each
+   child runs `child` and must exit 0. */
+static void fork_repeatedly(void (*child)(void *))
+{
+    double end = gst_now_s() + stress_seconds();
+    int forks = 0;
+    while (forks < 10 || gst_now_s() < end) {
+        struct gst_child c;
+        cr_assert(gst_run_child(child, NULL, &c), "fork failed");
+        cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0,
+                  "fork %d: child status %#x (exit %d; signal %d, SIGALRM = deadlock), "
+                  "stderr: %s",
+                  forks, c.status, WIFEXITED(c.status) ? WEXITSTATUS(c.status) : -1,
+                  WIFSIGNALED(c.status) ? WTERMSIG(c.status) : 0, c.err);
+        forks++;
+        gst_sleep_ms(10);
+    }
+}
+
 static void fork_child(void *arg)
 {
     (void)arg;
     atomic_store(&failures, 0);
     if (fork_child_thread((void *)99))
         _exit(2);
-    pthread_t t[4];
-    for (int i = 0; i < 4; i++)
-        if (pthread_create(&t[i], NULL, fork_child_thread, (void *)(uintptr_t)(i + 1)))
-            _exit(3);
-    for (int i = 0; i < 4; i++) {
-        void *ret;
-        pthread_join(t[i], &ret);
-        if (ret)
-            _exit(4);
-    }
+    child_threads(fork_child_thread, 4, 1, 3);
     _exit(atomic_load(&failures) ? 5 : 0);
 }
 
@@ -249,17 +276,7 @@ Test(stress_malloc, fork_while_allocating, .timeout = 600)
         w[i].rng = 0xabcdefull * (uint64_t)(i + 1);
         cr_assert_eq(pthread_create(&w[i].t, NULL, worker_main, &w[i]), 0);
     }
-    double end = gst_now_s() + stress_seconds();
-    int forks = 0;
-    while (forks < 10 || gst_now_s() < end) {
-        struct gst_child c;
-        cr_assert(gst_run_child(fork_child, NULL, &c), "fork failed");
-        cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0,
-                  "fork %d: child status %#x (signal %d; SIGALRM = deadlock), stderr: %s", forks,
-                  c.status, WIFSIGNALED(c.status) ? WTERMSIG(c.status) : 0, c.err);
-        forks++;
-        gst_sleep_ms(10);
-    }
+    fork_repeatedly(fork_child);
     atomic_store(&stop, 1);
     for (int i = 0; i < 6; i++)
         pthread_join(w[i].t, NULL);
@@ -363,16 +380,7 @@ static void fork_deferring_child(void *arg)
                 st.pending_objects, st.pending_bytes, small);
         _exit(3);
     }
-    pthread_t t[3];
-    for (int i = 0; i < 3; i++)
-        if (pthread_create(&t[i], NULL, defer_child_thread, (void *)(uintptr_t)(i + 7)))
-            _exit(4);
-    for (int i = 0; i < 3; i++) {
-        void *ret;
-        pthread_join(t[i], &ret);
-        if (ret)
-            _exit(5);
-    }
+    child_threads(defer_child_thread, 3, 7, 4);
     gs_reclaim(SIZE_MAX);
     gs_stats_get(&st);
     if (st.pending_objects) {
@@ -389,19 +397,7 @@ Test(stress_malloc, fork_while_deferring, .timeout = 600)
     for (int i = 0; i < 4; i++)
         cr_assert_eq(pthread_create(&t[i], NULL, defer_worker, (void *)(uintptr_t)((i + 1) * 77)),
                      0);
-    double end = gst_now_s() + stress_seconds();
-    int forks = 0;
-    while (forks < 10 || gst_now_s() < end) {
-        struct gst_child c;
-        cr_assert(gst_run_child(fork_deferring_child, NULL, &c), "fork failed");
-        cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0,
-                  "fork %d: child status %#x (exit %d; signal %d, SIGALRM = deadlock), "
-                  "stderr: %s",
-                  forks, c.status, WIFEXITED(c.status) ? WEXITSTATUS(c.status) : -1,
-                  WIFSIGNALED(c.status) ? WTERMSIG(c.status) : 0, c.err);
-        forks++;
-        gst_sleep_ms(10);
-    }
+    fork_repeatedly(fork_deferring_child);
     atomic_store(&defer_stop, 1);
     for (int i = 0; i < 4; i++) {
         void *ret;
