@@ -562,6 +562,7 @@ static void heap_abandon(struct gs_heap *h)
 
 static void atfork_prepare(void)
 {
+    gsi_pending_fork_prepare();
     pthread_mutex_lock(&heap_lock);
     for (unsigned c = 0; c < GS_NCLASSES; c++)
         pthread_mutex_lock(&orphans[c].lock);
@@ -576,6 +577,7 @@ static void atfork_parent(void)
     for (unsigned c = 0; c < GS_NCLASSES; c++)
         pthread_mutex_unlock(&orphans[c].lock);
     pthread_mutex_unlock(&heap_lock);
+    gsi_pending_fork_done();
 }
 
 static void atfork_child(void)
@@ -591,4 +593,5 @@ static void atfork_child(void)
     for (struct gs_heap *h = heap_all; h; h = h->next_all)
         if (h->live && h != me)
             heap_abandon(h);
+    gsi_pending_fork_done();
 }

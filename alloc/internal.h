@@ -200,6 +200,9 @@ struct gs_heap {
     struct gs_slab_list partial[GS_NCLASSES];  /* owned, with free objects */
     struct gs_slab_list waiting[GS_NCLASSES];  /* owned, pending objects only */
     size_t empty_bytes;                        /* empty slabs kept on partial lists */
+    /* 1 while the owner thread is inside a deferred-free operation (a push
+       or a reclaim of pending objects); fork waits for 0 (pending.c). */
+    _Atomic int defer_busy;
     struct gs_heap *next_all;                  /* all heaps (heap_lock) */
     struct gs_heap *next_pool;                 /* free pool (heap_lock) */
     /* Statistics: written by the owner (relaxed), read by gs_stats_get. */
@@ -427,6 +430,10 @@ size_t gsi_pending_sweep(size_t *still_pending);
 void gsi_pending_kick(void);
 extern _Atomic bool gsi_pending_unarmed;
 void gsi_pending_stats(struct gs_stats *st);
+/* fork: wait until no deferred-free operation is half done (before any
+   allocator lock is taken), then let them go again. */
+void gsi_pending_fork_prepare(void);
+void gsi_pending_fork_done(void);
 /* Large allocation path: reclaim (and bound) pending large blocks. */
 void gsi_pending_large_refill(void);
 void gsi_heap_settle_adopted(struct gs_heap *h, struct gs_slab *s);

@@ -36,6 +36,7 @@
 #include "rcu/internal.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <string.h>
 
 /* Pending counts of threads that have no heap (yet). */
@@ -87,13 +88,99 @@ static void count_reclaimed(uint64_t n)
     }
 }
 
+/* ------------------------------------------------------------ fork gate */
+
+/* A fork must not catch a deferred-free operation half done (a pushed but
+   uncounted object, a chain taken but not yet relinked): the child would
+   lose those objects. Each operation runs inside the gate; fork's prepare
+   closes the gate and waits until no operation is inside.
+   Thread side: flag = 1, seq_cst fence, load the gate. Fork side: gate = 1,
+   seq_cst fence, load the flags. The two fences pair (store-buffering
+   pattern): either the fork sees the flag and waits, or the thread sees
+   the closed gate and steps back out. Operations of threads that have no
+   heap count in gate_others. Uncontended cost: two stores, a fence, a load. */
+static _Atomic bool fork_gate;
+static _Atomic long gate_others;
+static __thread unsigned gate_depth; /* a sweep reclaims inside its gate */
+
+/* Enters the gate. With cookie != NULL, the seq_cst fence the protocol
+   needs is the one inside gsi_gp_cookie() (it orders the flag store before
+   the gate load just the same), and *cookie receives its result: one fence
+   per gs_free_rcu, not two. */
+static _Atomic int *gate_enter_cookie(uint64_t *cookie)
+{
+    if (gate_depth++) {
+        /* Already inside: the outer enter covers this (and gate_leave
+           returns before looking at the flag). */
+        if (cookie)
+            *cookie = gsi_gp_cookie();
+        return NULL;
+    }
+    struct gs_heap *h = gsi_tls_mine;
+    _Atomic int *flag = h != &gsi_empty_heap ? &h->defer_busy : NULL;
+    for (;;) {
+        if (flag)
+            atomic_store_explicit(flag, 1, memory_order_relaxed);
+        else
+            atomic_fetch_add_explicit(&gate_others, 1, memory_order_relaxed);
+        if (cookie)
+            *cookie = gsi_gp_cookie(); /* seq_cst fence, then the sequence */
+        else
+            atomic_thread_fence(memory_order_seq_cst);
+        if (GS_LIKELY(!atomic_load_explicit(&fork_gate, memory_order_relaxed)))
+            return flag;
+        if (flag)
+            atomic_store_explicit(flag, 0, memory_order_release);
+        else
+            atomic_fetch_sub_explicit(&gate_others, 1, memory_order_release);
+        while (atomic_load_explicit(&fork_gate, memory_order_acquire))
+            sched_yield(); /* only while another thread forks */
+    }
+}
+
+static _Atomic int *gate_enter(void)
+{
+    return gate_enter_cookie(NULL);
+}
+
+static void gate_leave(_Atomic int *flag)
+{
+    if (--gate_depth)
+        return;
+    /* Release: the operation's writes happen before fork sees it done. */
+    if (flag)
+        atomic_store_explicit(flag, 0, memory_order_release);
+    else
+        atomic_fetch_sub_explicit(&gate_others, 1, memory_order_release);
+}
+
+static void wait_not_busy(struct gs_heap *h, void *arg)
+{
+    (void)arg;
+    while (atomic_load_explicit(&h->defer_busy, memory_order_acquire))
+        sched_yield();
+}
+
+void gsi_pending_fork_prepare(void)
+{
+    atomic_store_explicit(&fork_gate, true, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst); /* pairs with gate_enter's fence */
+    while (atomic_load_explicit(&gate_others, memory_order_acquire))
+        sched_yield();
+    gsi_heaps_foreach(wait_not_busy, NULL);
+}
+
+void gsi_pending_fork_done(void)
+{
+    atomic_store_explicit(&fork_gate, false, memory_order_release);
+}
+
 /* ------------------------------------------------------------ gs_free_rcu */
 
-static void free_rcu_small(void *p, const char *call)
+static void free_rcu_small(void *p, const char *call, uint64_t cookie)
 {
     uint32_t idx;
     struct gs_slab *s = gsi_small_block(p, &idx, call);
-    uint64_t cookie = gsi_gp_cookie();
     _Atomic uint64_t *chain = &s->pending[(cookie >> 1) & (GS_PENDING_CHAINS - 1)];
     uint64_t w = atomic_load_explicit(chain, memory_order_relaxed);
     bool marked = false;
@@ -131,7 +218,7 @@ static void free_rcu_small(void *p, const char *call)
         atomic_store_explicit(&gsi_pending_unarmed, true, memory_order_relaxed);
 }
 
-static void free_rcu_large(void *p, const char *call)
+static void free_rcu_large(void *p, const char *call, uint64_t cookie)
 {
     struct gs_large *b = gsi_large_of(p);
     if (!b || b->user != p || b->magic != GS_LARGE_MAGIC)
@@ -140,7 +227,7 @@ static void free_rcu_large(void *p, const char *call)
     if (!atomic_compare_exchange_strong_explicit(&b->state, &expect, GS_LARGE_PENDING,
                                                  memory_order_relaxed, memory_order_relaxed))
         gsi_fatal(call, "object already freed with gs_free_rcu(), pending a grace period:", p);
-    b->cookie = gsi_gp_cookie();
+    b->cookie = cookie;
     /* Counted before the push: once b is on the stack a reclaimer may free
        it, and b must not be read any more. */
     atomic_fetch_add_explicit(&large_pending_objects, 1, memory_order_relaxed);
@@ -160,12 +247,15 @@ void gsi_free_rcu(void *p, const char *call)
     if (!p)
         return;
     unsigned kind = gsi_map_kind((uintptr_t)p);
-    if (GS_LIKELY(kind == GS_MAP_SMALL))
-        free_rcu_small(p, call);
-    else if (kind >= GS_MAP_LARGE)
-        free_rcu_large(p, call);
-    else
+    if (GS_UNLIKELY(kind != GS_MAP_SMALL && kind < GS_MAP_LARGE))
         gsi_fatal(call, "invalid pointer (not allocated by graceslab)", p);
+    uint64_t cookie;
+    _Atomic int *gate = gate_enter_cookie(&cookie);
+    if (GS_LIKELY(kind == GS_MAP_SMALL))
+        free_rcu_small(p, call, cookie);
+    else
+        free_rcu_large(p, call, cookie);
+    gate_leave(gate);
 }
 
 GS_EXPORT void gs_free_rcu(void *p)
@@ -216,6 +306,9 @@ static uint32_t counted_reclaim(const struct gs_slab *s, uint32_t n)
 
 uint32_t gsi_pending_reclaim_local(struct gs_slab *s)
 {
+    if (!gsi_slab_has_pending(s))
+        return 0;
+    _Atomic int *gate = gate_enter();
     uint32_t total = 0;
     for (unsigned k = 0; k < GS_PENDING_CHAINS; k++) {
         uint64_t w = take_done_chain(s, k);
@@ -229,6 +322,7 @@ uint32_t gsi_pending_reclaim_local(struct gs_slab *s)
         s->used -= n;
         total += n;
     }
+    gate_leave(gate);
     return counted_reclaim(s, total);
 }
 
@@ -312,11 +406,15 @@ void gsi_pending_large_refill(void)
 {
     if (!atomic_load_explicit(&large_pending, memory_order_relaxed))
         return;
+    _Atomic int *gate = gate_enter();
     reclaim_large();
+    gate_leave(gate);
     int64_t bytes = atomic_load_explicit(&large_pending_bytes, memory_order_relaxed);
     if (bytes > (int64_t)gsi_option(GSI_OPT_PENDING_EXPEDITE_KB) << 12 && !gsi_rcu_in_reader()) {
         gsi_gp_wait(gsi_gp_cookie());
+        gate = gate_enter();
         reclaim_large();
+        gate_leave(gate);
     }
 }
 
@@ -373,6 +471,8 @@ size_t gsi_pending_sweep(size_t *still_pending)
 {
     struct sweep *sw = gsi_sweep_buffer();
     size_t bytes = 0;
+    gsi_heap_get(); /* before the gate: the gate flag lives in the heap */
+    _Atomic int *gate = gate_enter();
     do {
         sw->h = gsi_heap_get();
         sw->bytes = 0;
@@ -384,6 +484,7 @@ size_t gsi_pending_sweep(size_t *still_pending)
         bytes += sw->bytes;
     } while (sw->full);
     bytes += reclaim_large();
+    gate_leave(gate);
     if (still_pending) {
         struct gs_stats st;
         gsi_pending_stats_counts(&st);
