@@ -102,6 +102,9 @@ static GS_NOINLINE void free_slow(void *p, const char *call)
         uint32_t idx;
         struct gs_slab *s = gsi_small_block(p, &idx, call);
         struct gs_heap *h = gsi_tls_mine;
+        /* Tell memcheck before the block can be handed out again (another
+           thread may reallocate it as soon as it is freed). */
+        GS_VG_FREE(p);
         if (atomic_load_explicit(&s->owner_heap, memory_order_relaxed) == h) {
             gsi_heap_free_local(h, s, idx, call);
         } else {
@@ -112,10 +115,10 @@ static GS_NOINLINE void free_slow(void *p, const char *call)
                 h = gsi_heap_get();
             gsi_slab_free_remote(h, s, idx, call);
         }
-        GS_VG_FREE(p);
     } else if (kind >= GS_MAP_LARGE) {
-        gsi_large_free(large_block(p, call), call);
-        GS_VG_FREE(p);
+        struct gs_large *b = large_block(p, call);
+        GS_VG_FREE(p); /* before the block can be reused, as above */
+        gsi_large_free(b, call);
     } else {
         gsi_fatal(call, "invalid pointer (not allocated by graceslab)", p);
     }
