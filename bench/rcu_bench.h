@@ -39,4 +39,18 @@ static inline double rb_arg(int argc, char **argv, const char *name, double dflt
     return dflt;
 }
 
+/* Peak RSS of the process (VmHWM), KiB; -1 if unknown. */
+static inline long rb_peak_rss_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6))
+            kb = atol(line + 6);
+    if (f)
+        fclose(f);
+    return kb;
+}
+
 #endif

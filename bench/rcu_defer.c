@@ -16,6 +16,8 @@
  * Prints: RESULT name=rcu_defer impl=... updates_per_sec=... reads_per_sec=...
  *         peak_rss_kb=... live_kb=256
  */
+#include "rcu_bench.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -79,13 +81,6 @@ static void free_batch_cb(struct rcu_head *h)
     free(b);
 }
 #endif
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void *reader(void *arg)
 {
@@ -164,36 +159,17 @@ static void *writer(void *arg)
     return NULL;
 }
 
-static long peak_rss_kb(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmHWM:", 6))
-            kb = atol(line + 6);
-    if (f)
-        fclose(f);
-    return kb;
-}
-
 int main(int argc, char **argv)
 {
-    int readers = 1, writers = 1;
-    double seconds = 2;
+    int readers = (int)rb_arg(argc, argv, "readers", 1);
+    int writers = (int)rb_arg(argc, argv, "writers", 1);
+    double seconds = rb_arg(argc, argv, "seconds", 2);
 #ifndef DEFER_GS
     mode = "callrcu";
 #endif
-    for (int i = 1; i < argc; i++) {
-        if (!strncmp(argv[i], "readers=", 8))
-            readers = atoi(argv[i] + 8);
-        else if (!strncmp(argv[i], "writers=", 8))
-            writers = atoi(argv[i] + 8);
-        else if (!strncmp(argv[i], "seconds=", 8))
-            seconds = atof(argv[i] + 8);
-        else if (!strncmp(argv[i], "mode=", 5))
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], "mode=", 5))
             mode = argv[i] + 5;
-    }
     for (int i = 0; i < SLOTS; i++) {
         struct obj *o = obj_alloc(sizeof *o);
         o->key = i;
@@ -206,14 +182,14 @@ int main(int argc, char **argv)
         pthread_create(&t[n++], NULL, reader, (void *)(uintptr_t)(i + 1));
     for (int i = 0; i < writers; i++)
         pthread_create(&t[n++], NULL, writer, (void *)(uintptr_t)(i + 1));
-    double t0 = now_s();
+    double t0 = rb_now();
     size_t backlog = 0;
     unsigned long gp0 = 0, gp1 = 0;
 #ifdef DEFER_GS
     struct gs_stats st;
     gs_stats_get(&st);
     gp0 = st.gp_completed;
-    while (now_s() - t0 < seconds) {
+    while (rb_now() - t0 < seconds) {
         struct timespec tick = {0, 10000000};
         nanosleep(&tick, NULL);
         gs_stats_get(&st);
@@ -228,7 +204,7 @@ int main(int argc, char **argv)
     atomic_store(&stop, true);
     for (int i = 0; i < n; i++)
         pthread_join(t[i], NULL);
-    double el = now_s() - t0;
+    double el = rb_now() - t0;
     printf("RESULT name=rcu_defer impl=%s readers=%d writers=%d updates_per_sec=%.0f "
            "reads_per_sec=%.0f peak_rss_kb=%ld live_kb=%d corrupt=%ld max_pending=%zu "
            "grace_periods=%lu\n",
@@ -237,7 +213,7 @@ int main(int argc, char **argv)
 #else
            mode,
 #endif
-           readers, writers, total_updates / el, total_reads / el, peak_rss_kb(),
+           readers, writers, total_updates / el, total_reads / el, rb_peak_rss_kb(),
            (int)(SLOTS * sizeof(struct obj) / 1024), (long)corrupt, backlog, gp1 - gp0);
     return corrupt != 0;
 }

@@ -8,6 +8,8 @@
  * Arguments: readers=N writers=N seconds=S. Prints a RESULT line with
  * lookups/s, updates/s, peak RSS and failed lookups (must be 0).
  */
+#include "rcu_bench.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -46,13 +48,6 @@ static struct node *list_head;
 static pthread_mutex_t update_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_bool stop;
 static atomic_long total_lookups, total_updates, failed;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 #ifndef DEFER_GS
 static void free_node_cb(struct rcu_head *h)
@@ -113,31 +108,11 @@ static void *writer(void *arg)
     return NULL;
 }
 
-static long peak_rss_kb(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmHWM:", 6))
-            kb = atol(line + 6);
-    if (f)
-        fclose(f);
-    return kb;
-}
-
 int main(int argc, char **argv)
 {
-    int readers = 2, writers = 1;
-    double seconds = 2;
-    for (int i = 1; i < argc; i++) {
-        if (!strncmp(argv[i], "readers=", 8))
-            readers = atoi(argv[i] + 8);
-        else if (!strncmp(argv[i], "writers=", 8))
-            writers = atoi(argv[i] + 8);
-        else if (!strncmp(argv[i], "seconds=", 8))
-            seconds = atof(argv[i] + 8);
-    }
+    int readers = (int)rb_arg(argc, argv, "readers", 2);
+    int writers = (int)rb_arg(argc, argv, "writers", 1);
+    double seconds = rb_arg(argc, argv, "seconds", 2);
     for (long k = (NODES - 1) * 2; k >= 0; k -= 2) {
         struct node *p = node_alloc();
         p->key = k;
@@ -152,13 +127,13 @@ int main(int argc, char **argv)
         pthread_create(&t[n++], NULL, reader, (void *)(uintptr_t)(i + 1));
     for (int i = 0; i < writers && n < 64; i++)
         pthread_create(&t[n++], NULL, writer, (void *)(uintptr_t)(i + 1));
-    double t0 = now_s();
+    double t0 = rb_now();
     struct timespec d = {(time_t)seconds, (long)((seconds - (time_t)seconds) * 1e9)};
     nanosleep(&d, NULL);
     atomic_store(&stop, true);
     for (int i = 0; i < n; i++)
         pthread_join(t[i], NULL);
-    double el = now_s() - t0;
+    double el = rb_now() - t0;
     printf("RESULT name=rcu_list impl=%s readers=%d writers=%d lookups_per_sec=%.0f "
            "updates_per_sec=%.0f peak_rss_kb=%ld failed=%ld\n",
 #ifdef DEFER_GS
@@ -166,6 +141,6 @@ int main(int argc, char **argv)
 #else
            "call_rcu",
 #endif
-           readers, writers, total_lookups / el, total_updates / el, peak_rss_kb(), (long)failed);
+           readers, writers, total_lookups / el, total_updates / el, rb_peak_rss_kb(), (long)failed);
     return failed != 0;
 }
