@@ -221,7 +221,17 @@ struct gs_class_info {
     uint64_t magic;      /* division magic */
 };
 extern struct gs_class_info gsi_classes[GS_NCLASSES];
-extern uint8_t gsi_class_of_small[(1024 >> 4) + 1]; /* (size+15)>>4 for size <= 1024 */
+/* Class of a size <= 1024, indexed by (size + 15) >> 4. Filled once at
+   initialisation; read by the malloc fast path before it knows whether the
+   thread (or the process) is initialised, so entries are relaxed atomics
+   (plain byte loads): a value read too early is harmless, because an
+   uninitialised thread's heap has only empty slabs and its slow path
+   computes the class again after initialising. */
+extern _Atomic uint8_t gsi_class_of_small[(1024 >> 4) + 1];
+GS_INLINE unsigned gsi_small_class(size_t size)
+{
+    return atomic_load_explicit(&gsi_class_of_small[(size + 15) >> 4], memory_order_relaxed);
+}
 void gsi_classes_init(void);
 unsigned gsi_class_slow(size_t size); /* any size <= GS_SMALL_MAX */
 /* Smallest class whose objects are all aligned to `align` and hold size;
@@ -231,7 +241,7 @@ int gsi_class_aligned(size_t size, size_t align);
 GS_INLINE unsigned gsi_size_class(size_t size)
 {
     if (GS_LIKELY(size <= 1024))
-        return gsi_class_of_small[(size + 15) >> 4];
+        return gsi_small_class(size);
     return gsi_class_slow(size);
 }
 

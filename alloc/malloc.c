@@ -52,7 +52,7 @@ static GS_NOINLINE void *malloc_small_slow(size_t size)
 GS_EXPORT void *gs_malloc(size_t size)
 {
     if (GS_LIKELY(size <= 1024)) {
-        struct gs_slab *s = gsi_tls_heap->active[gsi_class_of_small[(size + 15) >> 4]];
+        struct gs_slab *s = gsi_tls_heap->active[gsi_small_class(size)];
         if (GS_LIKELY(s->free_head != GS_LINK_END))
             return gsi_slab_pop(s);
         return malloc_small_slow(size);

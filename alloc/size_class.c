@@ -13,7 +13,7 @@
 #include "alloc/internal.h"
 
 struct gs_class_info gsi_classes[GS_NCLASSES];
-uint8_t gsi_class_of_small[(1024 >> 4) + 1];
+_Atomic uint8_t gsi_class_of_small[(1024 >> 4) + 1];
 
 static size_t natural_align(size_t size)
 {
@@ -68,14 +68,14 @@ void gsi_classes_init(void)
         size_t size = i << 4;
         while (gsi_classes[k].size < size)
             k++;
-        gsi_class_of_small[i] = (uint8_t)k;
+        atomic_store_explicit(&gsi_class_of_small[i], (uint8_t)k, memory_order_relaxed);
     }
 }
 
 unsigned gsi_class_slow(size_t size)
 {
     if (size <= 1024)
-        return gsi_class_of_small[(size + 15) >> 4];
+        return gsi_small_class(size);
     /* size in (base, 2*base]: class index from the top bit and the next
        three bits, rounding up. */
     size_t v = size - 1;
