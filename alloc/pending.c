@@ -304,6 +304,20 @@ static uint32_t counted_reclaim(const struct gs_slab *s, uint32_t n)
     return n;
 }
 
+/* Takes done chain k of s and retags its links with tag; returns its
+   length (0: nothing done there) and its head and tail. */
+static uint32_t take_done_retagged(struct gs_slab *s, unsigned k, uint16_t tag, uint32_t *head,
+                                   uint32_t *tail)
+{
+    uint64_t w = take_done_chain(s, k);
+    uint32_t n = GS_P_COUNT(w);
+    if (n) {
+        *head = GS_P_HEAD(w);
+        *tail = retag_chain(s, *head, n, tag);
+    }
+    return n;
+}
+
 uint32_t gsi_pending_reclaim_local(struct gs_slab *s)
 {
     if (!gsi_slab_has_pending(s))
@@ -311,13 +325,11 @@ uint32_t gsi_pending_reclaim_local(struct gs_slab *s)
     _Atomic int *gate = gate_enter();
     uint32_t total = 0;
     for (unsigned k = 0; k < GS_PENDING_CHAINS; k++) {
-        uint64_t w = take_done_chain(s, k);
-        uint32_t n = GS_P_COUNT(w);
+        uint32_t head, tail, n = take_done_retagged(s, k, 0, &head, &tail);
         if (!n)
             continue;
-        uint32_t tail = retag_chain(s, GS_P_HEAD(w), n, 0);
         gsi_link_store(s, tail, (uint16_t)s->free_head);
-        gsi_slab_set_head(s, GS_P_HEAD(w));
+        gsi_slab_set_head(s, head);
         GS_ASSERT(s->used >= n);
         s->used -= n;
         total += n;
@@ -332,12 +344,9 @@ static uint32_t reclaim_to_remote(struct gs_slab *s)
 {
     uint32_t total = 0;
     for (unsigned k = 0; k < GS_PENDING_CHAINS; k++) {
-        uint64_t w = take_done_chain(s, k);
-        uint32_t n = GS_P_COUNT(w);
+        uint32_t head, tail, n = take_done_retagged(s, k, GS_LINK_REMOTE, &head, &tail);
         if (!n)
             continue;
-        uint32_t head = GS_P_HEAD(w);
-        uint32_t tail = retag_chain(s, head, n, GS_LINK_REMOTE);
         uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
         do {
             gsi_link_store(s, tail, (uint16_t)(GS_LINK_REMOTE | GS_X_HEAD(x)));

@@ -82,28 +82,24 @@ static void print_summary(void)
     gs_stats_get(&st);
     char buf[4096];
     size_t n = 0;
-    n = put_str(buf, n, "graceslab stats: mapped ");
-    n = put_num(buf, n, st.mapped_bytes >> 10);
-    n = put_str(buf, n, " KiB, committed ");
-    n = put_num(buf, n, st.committed_bytes >> 10);
-    n = put_str(buf, n, " KiB, allocated ");
-    n = put_num(buf, n, st.allocated_bytes >> 10);
-    n = put_str(buf, n, " KiB (large ");
-    n = put_num(buf, n, st.large_bytes >> 10);
-    n = put_str(buf, n, " KiB), segments ");
-    n = put_num(buf, n, st.segments);
-    n = put_str(buf, n, ", slabs ");
-    n = put_num(buf, n, st.slabs);
-    n = put_str(buf, n, "\ngraceslab stats: pending ");
-    n = put_num(buf, n, st.pending_objects);
-    n = put_str(buf, n, " objects / ");
-    n = put_num(buf, n, st.pending_bytes);
-    n = put_str(buf, n, " bytes, reclaimed ");
-    n = put_num(buf, n, st.reclaimed_objects);
-    n = put_str(buf, n, " objects, grace periods ");
-    n = put_num(buf, n, st.gp_completed);
-    n = put_str(buf, n, "/");
-    n = put_num(buf, n, st.gp_started);
+    /* label, value pairs of the two summary lines */
+    const struct { const char *label; size_t value; } fields[] = {
+        {"graceslab stats: mapped ", st.mapped_bytes >> 10},
+        {" KiB, committed ", st.committed_bytes >> 10},
+        {" KiB, allocated ", st.allocated_bytes >> 10},
+        {" KiB (large ", st.large_bytes >> 10},
+        {" KiB), segments ", st.segments},
+        {", slabs ", st.slabs},
+        {"\ngraceslab stats: pending ", st.pending_objects},
+        {" objects / ", st.pending_bytes},
+        {" bytes, reclaimed ", st.reclaimed_objects},
+        {" objects, grace periods ", st.gp_completed},
+        {"/", st.gp_started},
+    };
+    for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
+        n = put_str(buf, n, fields[f].label);
+        n = put_num(buf, n, fields[f].value);
+    }
     n = put_str(buf, n, " completed/started\n");
     for (unsigned c = 0; c < st.nclasses; c++) {
         if (!st.class_allocated[c] && !st.class_pending_objects[c])
