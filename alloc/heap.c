@@ -225,7 +225,6 @@ void gsi_heap_init_once(void)
             pthread_mutex_init(&orphans[c].lock, NULL);
         pthread_key_create(&heap_key, thread_exit);
         pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
-        gsi_stats_init();
         in_init = false;
         /* Release pairs with the acquire load above: classes and locks are
            ready before any thread skips this function. */

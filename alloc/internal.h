@@ -302,7 +302,6 @@ void gsi_segments_lock(void);
 void gsi_segments_unlock(void);
 void gsi_segments_atfork_child(void);
 size_t gsi_segments_count(void);
-size_t gsi_segments_committed(void);
 size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */
 
 GS_INLINE struct gs_slab *gsi_slab_of(const void *p)
@@ -458,7 +457,6 @@ GS_INLINE bool gsi_heap_owns(const struct gs_heap *h, uint64_t xstate)
 /* ---------------------------------------------------------------------
  * stats.c
  * --------------------------------------------------------------------- */
-void gsi_stats_init(void);
 extern _Atomic size_t gsi_large_live_bytes;
 
 #endif /* GS_ALLOC_INTERNAL_H */

@@ -217,11 +217,6 @@ size_t gsi_segments_count(void)
     return __atomic_load_n(&segment_count, __ATOMIC_RELAXED);
 }
 
-size_t gsi_segments_committed(void)
-{
-    return __atomic_load_n(&dirty_bytes, __ATOMIC_RELAXED);
-}
-
 size_t gsi_segments_decommitted(void)
 {
     size_t bytes = 0;

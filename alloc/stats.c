@@ -121,7 +121,3 @@ static void __attribute__((destructor)) stats_at_exit(void)
     if (gsi_option(GSI_OPT_STATS))
         print_summary();
 }
-
-void gsi_stats_init(void)
-{
-}
