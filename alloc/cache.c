@@ -133,6 +133,7 @@ GS_EXPORT void *gs_cache_alloc(struct gs_cache *c)
         s->wait_cookie = 0;
     }
     void *p = gsi_slab_pop(s);
+    s->used++;
     GS_VG_ALLOC(p, c->size, 0);
     s->wait_cookie = 0;
     pthread_mutex_unlock(&c->lock);

@@ -30,7 +30,8 @@
 #define HEAP_EMPTY_KEEP ((size_t)gsi_option(GSI_OPT_HEAP_EMPTY_KB) << 10)
 
 struct gs_slab gsi_empty_slab = {.free_head = GS_LINK_END, .kind = GS_SLAB_UNUSED};
-struct gs_heap gsi_empty_heap = {.active = {[0 ... GS_NCLASSES - 1] = &gsi_empty_slab}};
+struct gs_heap gsi_empty_heap = {.direct = {[0 ... (1024 >> 4)] = &gsi_empty_slab},
+                                  .active = {[0 ... GS_NCLASSES - 1] = &gsi_empty_slab}};
 __thread struct gs_heap *gsi_tls_heap = &gsi_empty_heap;
 __thread struct gs_heap *gsi_tls_mine = &gsi_empty_heap;
 bool gsi_valgrind;
@@ -97,6 +98,13 @@ void gsi_heap_list_remove(struct gs_slab_list *l, struct gs_slab *s)
     l->count--;
 }
 
+static void heap_set_active(struct gs_heap *h, unsigned cls, struct gs_slab *s)
+{
+    h->active[cls] = s;
+    for (unsigned i = gsi_classes[cls].direct_first; i < gsi_classes[cls].direct_end; i++)
+        h->direct[i] = s;
+}
+
 static void unlink_owned(struct gs_heap *h, struct gs_slab *s)
 {
     if (s->kept_empty) {
@@ -108,8 +116,8 @@ static void unlink_owned(struct gs_heap *h, struct gs_slab *s)
     else if (s->where == GS_IN_WAITING)
         gsi_heap_list_remove(&h->waiting[s->cls], s);
     else if (s->where == GS_IN_ACTIVE) {
-        h->active[s->cls] = &gsi_empty_slab;
-        s->used--; /* the active slab's phantom reference (see refill) */
+        heap_set_active(h, s->cls, &gsi_empty_slab);
+        s->used = gsi_slab_recount(s); /* drop the advance charge (see refill) */
     }
     s->where = GS_IN_NONE;
 }
@@ -197,6 +205,8 @@ static struct gs_heap *heap_create_locked(void)
         return NULL;
     for (unsigned c = 0; c < GS_NCLASSES; c++)
         h->active[c] = &gsi_empty_slab;
+    for (unsigned i = 0; i <= (1024 >> 4); i++)
+        h->direct[i] = &gsi_empty_slab;
     h->id = heap_next_id++;
     h->next_all = heap_all;
     heap_all = h;
@@ -383,12 +393,15 @@ static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
         GS_ASSERT(!"a new slab is ownerless");
     gsi_slab_extend(s, EXTEND_BATCH);
 got:
-    /* While a slab is active, `used` carries one phantom reference, so the
-       free fast path never sees the active slab reach zero: a thread that
-       allocates and frees one object at a time stays on the fast path. */
-    s->used++;
+    /* While a slab is active, `used` carries an advance charge instead of
+       an exact count: malloc's fast path does not count (no store-to-load
+       chain through the counter between malloc and free), and the free
+       fast path never sees the active slab reach zero, so a thread that
+       allocates and frees one object at a time stays on the fast path.
+       unlink_owned() recounts. */
+    s->used += GS_ACTIVE_CHARGE;
     s->where = GS_IN_ACTIVE;
-    h->active[cls] = s;
+    heap_set_active(h, cls, s);
     return s;
 }
 
@@ -437,9 +450,13 @@ void gsi_heap_free_local(struct gs_heap *h, struct gs_slab *s, uint32_t idx, con
 
 void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
 {
-    /* Keep the active slab: a thread that allocates and frees one object
-       at a time must not map and unmap a slab per call. */
-    GS_ASSERT(s->where != GS_IN_ACTIVE);
+    /* The active slab's charge ran out (2^62 frees): charge it again. It
+       is kept even when empty: a thread that allocates and frees one
+       object at a time must not map and unmap a slab per call. */
+    if (GS_UNLIKELY(s->where == GS_IN_ACTIVE)) {
+        s->used = gsi_slab_recount(s) + GS_ACTIVE_CHARGE;
+        return;
+    }
     if (gsi_slab_has_pending(s) || s->kept_empty)
         return;
     unlink_owned(h, s);

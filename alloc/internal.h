@@ -103,11 +103,15 @@ enum gs_slab_kind {
  * segment header (out of band); the link array lives at the front of the
  * slab's own memory.
  *
- * Invariant (owner's view, outside an operation):
- *   capacity == used - active + |local list| + (capacity - bump)
- *   used counts objects that are allocated, on the remote chain, or pending,
- *   plus one while the slab is its heap's active slab (active = 1), so the
- *   free fast path never sees the active slab reach zero.
+ * Invariant (owner's view, outside an operation), for a slab that is not
+ * its heap's active slab:
+ *   capacity == used + |local list| + (capacity - bump)
+ *   used counts objects that are allocated, on the remote chain, or pending.
+ * The active slab's `used` is instead charged with GS_ACTIVE_CHARGE when
+ * it becomes active and recounted when it stops being active
+ * (gsi_slab_recount): while active, malloc does not count (no
+ * read-modify-write on the malloc fast path) and frees and reclaims only
+ * subtract, so the free fast path never sees it reach zero.
  * A slab with an owner is that heap's active slab for its class, or on its
  * partial list, or on its waiting list (pending objects only).
  */
@@ -119,11 +123,17 @@ struct gs_slab {
     char *free_ptr;          /* address of object free_head (cached so that
                                 malloc returns it without a multiply on the
                                 free -> malloc dependency chain) */
-    uint32_t free_head;      /* local free list head, GS_LINK_END if empty */
-    uint32_t used;           /* see invariant above */
-    uint32_t obj_size;       /* bytes per object (class size) */
+    uint64_t free_head;      /* local free list head, GS_LINK_END if empty
+                                (64-bit: an index register as loaded) */
     uint32_t capacity;       /* objects in the slab */
-    uint64_t magic;          /* index = (offset * magic) >> 40 */
+    uint64_t used;           /* see invariant above */
+    uint64_t obj_size;       /* bytes per object (class size); 64-bit so
+                                that the multiply takes it from memory */
+    /* Index of an address (gsi_slab_index): exact division of the offset
+       by obj_size = odd << shift, by the odd part's inverse and a rotate. */
+    uint64_t inverse;
+    uint64_t limit;          /* == capacity, 64-bit for the compare */
+    uint8_t shift;
     uint32_t bump;           /* objects [bump, capacity) never linked yet */
     uint8_t cls;             /* size class */
     uint8_t span;            /* slots covered */
@@ -194,6 +204,10 @@ struct gs_slab_list {
  * Everything here is owner-only unless marked.
  */
 struct gs_heap {
+    /* malloc's fast path: the active slab for sizes up to 1024 bytes,
+       indexed by (size + 15) >> 4 (a copy of active[] by size, so that the
+       fast path needs no size-class lookup; kept by heap_set_active). */
+    struct gs_slab *direct[(1024 >> 4) + 1];
     struct gs_slab *active[GS_NCLASSES];       /* never NULL: empty sentinel */
     uint32_t id;                               /* 1.. ; owner id in xstate */
     bool live;                                 /* has a thread (heap_lock) */
@@ -218,7 +232,11 @@ struct gs_class_info {
     uint32_t capacity;   /* objects per slab */
     uint32_t link_bytes; /* bytes before the first object */
     uint8_t span;        /* slots per slab */
-    uint64_t magic;      /* division magic */
+    uint64_t inverse;    /* inverse of the odd part of size, mod 2^64 */
+    uint8_t shift;       /* size == odd part << shift */
+    /* direct[] entries (malloc's size -> slab array, heap.c) that name this
+       class: [direct_first, direct_end), empty above 1024 bytes */
+    uint8_t direct_first, direct_end;
 };
 extern struct gs_class_info gsi_classes[GS_NCLASSES];
 /* Class of a size <= 1024, indexed by (size + 15) >> 4. Filled once at
@@ -258,15 +276,19 @@ extern _Atomic uint8_t gsi_segmap[(size_t)1 << (GS_ADDR_BITS - GS_SEGMENT_SHIFT)
 #define GS_MAP_LARGE 2
 #define GS_MAP_FAR   255
 
-/* Fast-path lookup without the canonical-address check: a non-canonical
-   pointer aliases some unit, but then its offset from any slab start is at
-   least 2^47 - 2^22, so gsi_slab_index() rejects it and the slow path (which
-   uses gsi_map_kind) reports it. */
-GS_INLINE unsigned gsi_map_kind_fast(uintptr_t a)
+/* Fast-path lookup without the canonical-address check: the unit index is
+   the address bits 22..46, so a non-canonical pointer aliases some unit.
+   Everything after it uses the unit, never the raw pointer, to find
+   metadata: the aliased segment's slab is found, and the pointer's offset
+   from its start (at least 2^47 - 2^22) makes gsi_slab_index() reject it;
+   the slow path (which uses gsi_map_kind) reports it. */
+GS_INLINE uintptr_t gsi_map_unit(uintptr_t a)
 {
-    return atomic_load_explicit(
-        &gsi_segmap[(a >> GS_SEGMENT_SHIFT) & (((uintptr_t)1 << (GS_ADDR_BITS - GS_SEGMENT_SHIFT)) - 1)],
-        memory_order_relaxed);
+    return (a >> GS_SEGMENT_SHIFT) & (((uintptr_t)1 << (GS_ADDR_BITS - GS_SEGMENT_SHIFT)) - 1);
+}
+GS_INLINE unsigned gsi_map_kind_at(uintptr_t unit)
+{
+    return atomic_load_explicit(&gsi_segmap[unit], memory_order_relaxed);
 }
 
 GS_INLINE unsigned gsi_map_kind(uintptr_t a)
@@ -304,6 +326,12 @@ void gsi_segments_atfork_child(void);
 size_t gsi_segments_count(void);
 size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */
 
+/* The slab metadata for p, whose map unit (gsi_map_unit) is a segment. */
+GS_INLINE struct gs_slab *gsi_slab_in_unit(uintptr_t unit, const void *p)
+{
+    struct gs_segment *seg = (struct gs_segment *)(unit << GS_SEGMENT_SHIFT);
+    return seg->slot_slab[((uintptr_t)p >> GS_SLOT_SHIFT) & (GS_SLOTS - 1)];
+}
 GS_INLINE struct gs_slab *gsi_slab_of(const void *p)
 {
     struct gs_segment *seg = (struct gs_segment *)((uintptr_t)p & ~GS_SEGMENT_MASK);
@@ -313,37 +341,47 @@ GS_INLINE struct gs_slab *gsi_slab_of(const void *p)
 /* ---------------------------------------------------------------------
  * slab.c: objects in a slab; remote frees; ownership.
  * --------------------------------------------------------------------- */
-/* Index of p in s, or -1 if p is not the start of an object of s. */
+/* Index of p in s, or -1 if p is not the start of one of its objects.
+   Exact division without a remainder check: with obj_size = odd << shift,
+   rotating (off * odd^-1 mod 2^64) right by shift gives off / obj_size when
+   obj_size divides off, and a value above 2^64 / obj_size (so above any
+   capacity) when it does not (the divisibility test of Hacker's Delight
+   10-17). One compare then rejects interior pointers, the slab's tail and
+   addresses below start (their offset wraps to a huge value). */
 GS_INLINE long gsi_slab_index(const struct gs_slab *s, const void *p)
 {
-    uintptr_t off = (uintptr_t)p - (uintptr_t)s->start;
-    uint32_t idx = (uint32_t)((off * s->magic) >> 40);
-    if (GS_UNLIKELY((uintptr_t)idx * s->obj_size != off))
+    uint64_t q = ((uintptr_t)p - (uintptr_t)s->start) * s->inverse;
+    q = (q >> s->shift) | (q << ((64 - s->shift) & 63));
+    uint64_t limit = s->limit;
+    if (limit > GS_MAX_OBJECTS)
+        __builtin_unreachable(); /* so callers' idx >= 0 tests fold away */
+    if (GS_UNLIKELY(q >= limit))
         return -1;
-    return idx;
+    return (long)q;
 }
-GS_INLINE uint16_t gsi_link_load(const struct gs_slab *s, uint32_t idx)
+GS_INLINE uint16_t gsi_link_load(const struct gs_slab *s, size_t idx)
 {
     return __atomic_load_n(&s->link[idx], __ATOMIC_RELAXED);
 }
-GS_INLINE void gsi_link_store(struct gs_slab *s, uint32_t idx, uint16_t v)
+GS_INLINE void gsi_link_store(struct gs_slab *s, size_t idx, uint16_t v)
 {
     __atomic_store_n(&s->link[idx], v, __ATOMIC_RELAXED);
 }
 /* Owner: the local free list head is idx (free_ptr follows it). */
-GS_INLINE void gsi_slab_set_head(struct gs_slab *s, uint32_t idx)
+GS_INLINE void gsi_slab_set_head(struct gs_slab *s, size_t idx)
 {
     s->free_head = idx;
     s->free_ptr = s->start + (size_t)idx * s->obj_size;
 }
-/* Owner: pops the local free list head (not empty) and marks it allocated. */
+/* Owner: pops the local free list head (not empty) and marks it
+   allocated. It does not count the object in `used`: the heap's active
+   slab is charged in advance (see struct gs_slab); other callers count. */
 GS_INLINE void *gsi_slab_pop(struct gs_slab *s)
 {
     char *p = s->free_ptr;
-    uint32_t idx = s->free_head;
+    uint64_t idx = s->free_head;
     gsi_slab_set_head(s, gsi_link_load(s, idx));
     gsi_link_store(s, idx, GS_LINK_ALLOCATED);
-    s->used++;
     return p;
 }
 /* Owner: pushes object idx at p onto the local free list. */
@@ -354,6 +392,10 @@ GS_INLINE void gsi_slab_push(struct gs_slab *s, uint32_t idx, void *p)
     s->free_ptr = p;
 }
 void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls);
+/* The active slab's advance charge: no run of frees reaches it (2^62). */
+#define GS_ACTIVE_CHARGE ((uint64_t)1 << 62)
+/* Owner: the exact `used` of s from its lists (bump - |local list|). */
+uint64_t gsi_slab_recount(const struct gs_slab *s);
 /* Owner: moves up to `want` never-used objects onto the local list. */
 uint32_t gsi_slab_extend(struct gs_slab *s, uint32_t want);
 /* Owner: moves the remote chain onto the local list; returns objects moved. */

@@ -52,7 +52,7 @@ static GS_NOINLINE void *malloc_small_slow(size_t size)
 GS_EXPORT void *gs_malloc(size_t size)
 {
     if (GS_LIKELY(size <= 1024)) {
-        struct gs_slab *s = gsi_tls_heap->active[gsi_small_class(size)];
+        struct gs_slab *s = gsi_tls_heap->direct[(size + 15) >> 4];
         if (GS_LIKELY(s->free_head != GS_LINK_END))
             return gsi_slab_pop(s);
         return malloc_small_slow(size);
@@ -64,9 +64,9 @@ static GS_NOINLINE void free_slow(void *p, const char *call);
 
 GS_EXPORT void gs_free(void *p)
 {
-    uintptr_t a = (uintptr_t)p;
-    if (GS_LIKELY(gsi_map_kind_fast(a) == GS_MAP_SMALL)) {
-        struct gs_slab *s = gsi_slab_of(p);
+    uintptr_t unit = gsi_map_unit((uintptr_t)p);
+    if (GS_LIKELY(gsi_map_kind_at(unit) == GS_MAP_SMALL)) {
+        struct gs_slab *s = gsi_slab_in_unit(unit, p);
         struct gs_heap *h = gsi_tls_heap;
         if (GS_LIKELY(atomic_load_explicit(&s->owner_heap, memory_order_relaxed) == h)) {
             long idx = gsi_slab_index(s, p);

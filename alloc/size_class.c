@@ -26,12 +26,15 @@ static size_t round_up(size_t v, size_t a)
     return (v + a - 1) & ~(a - 1);
 }
 
-/* Division by multiplication: for offsets below 2^24 and sizes below 2^16,
-   (off * ceil(2^40 / size)) >> 40 == off / size, because the error term
-   off * (magic * size - 2^40) / 2^40 stays below off / 2^24 / ... < 1/size. */
-static uint64_t division_magic(uint32_t size)
+/* The inverse of an odd number modulo 2^64, by Newton's iteration: each
+   step doubles the number of correct low bits (3 from x = d: d * d == 1
+   mod 8 for odd d). */
+static uint64_t odd_inverse(uint64_t d)
 {
-    return (((uint64_t)1 << 40) + size - 1) / size;
+    uint64_t x = d;
+    for (int i = 0; i < 5; i++)
+        x *= 2 - d * x;
+    return x;
 }
 
 static void class_layout(struct gs_class_info *ci, uint32_t size)
@@ -50,7 +53,8 @@ static void class_layout(struct gs_class_info *ci, uint32_t size)
     ci->capacity = (uint32_t)n;
     ci->link_bytes = (uint32_t)round_up(2 * (n + 1), align);
     ci->span = (uint8_t)span;
-    ci->magic = division_magic(size);
+    ci->shift = (uint8_t)__builtin_ctz(size);
+    ci->inverse = odd_inverse(size >> ci->shift);
 }
 
 void gsi_classes_init(void)
@@ -69,6 +73,9 @@ void gsi_classes_init(void)
         while (gsi_classes[k].size < size)
             k++;
         atomic_store_explicit(&gsi_class_of_small[i], (uint8_t)k, memory_order_relaxed);
+        if (!gsi_classes[k].direct_end)
+            gsi_classes[k].direct_first = (uint8_t)i;
+        gsi_classes[k].direct_end = (uint8_t)(i + 1);
     }
 }
 

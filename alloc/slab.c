@@ -40,7 +40,9 @@ void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
     s->used = 0;
     s->obj_size = ci->size;
     s->capacity = ci->capacity;
-    s->magic = ci->magic;
+    s->limit = ci->capacity;
+    s->inverse = ci->inverse;
+    s->shift = ci->shift;
     s->bump = 0;
     s->cls = (uint8_t)cls;
     s->span = ci->span;
@@ -76,6 +78,16 @@ uint32_t gsi_slab_extend(struct gs_slab *s, uint32_t want)
     gsi_slab_set_head(s, first);
     s->bump += n;
     return n;
+}
+
+uint64_t gsi_slab_recount(const struct gs_slab *s)
+{
+    /* The list is acyclic, so the walk ends; the bound only keeps a racy
+       reader (statistics) finite. */
+    uint32_t n = 0;
+    for (uint32_t i = s->free_head; i != GS_LINK_END && n < s->capacity; n++)
+        i = gsi_link_load(s, i) & GS_LINK_INDEX;
+    return n < s->bump ? s->bump - n : 0;
 }
 
 uint32_t gsi_slab_collect(struct gs_slab *s)

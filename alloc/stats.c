@@ -15,11 +15,9 @@ static void count_slab(struct gs_slab *s, void *arg)
 {
     struct gs_stats *st = arg;
     st->slabs++;
-    /* Read racily; the active slab carries a phantom reference. */
-    uint32_t used = s->used;
-    if (s->where == GS_IN_ACTIVE && used)
-        used--;
-    st->class_allocated[s->cls] += used;
+    /* Read racily; the active slab's count is an advance charge (see
+       struct gs_slab), so it is counted from its lists instead. */
+    st->class_allocated[s->cls] += s->where == GS_IN_ACTIVE ? gsi_slab_recount(s) : s->used;
 }
 
 static void count_heap(struct gs_heap *h, void *arg)

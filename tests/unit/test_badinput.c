@@ -190,6 +190,45 @@ static void free_interior_large_far(void *arg)
     free(misused(p + (9 << 20) + 48));
 }
 
+/* The same address bits as a live block, with bit 47 set: not a
+   user-space address, but the segment map (indexed by bits 22..46) sees
+   the live block's segment. */
+static void *noncanonical(void *p)
+{
+    return (void *)((uintptr_t)p | ((uintptr_t)1 << 47));
+}
+
+static void free_noncanonical_small(void *arg)
+{
+    (void)arg;
+    free(misused(noncanonical(malloc(64))));
+}
+
+static void free_noncanonical_large(void *arg)
+{
+    (void)arg;
+    free(misused(noncanonical(malloc(1 << 20))));
+}
+
+static void realloc_noncanonical_small(void *arg)
+{
+    (void)arg;
+    free(realloc(misused(noncanonical(malloc(64))), 100));
+}
+
+/* The start of the 64 KiB slot of a small block: inside a slab, before
+   its first object (the out-of-band links live there). */
+static void free_slab_front(void *arg)
+{
+    (void)arg;
+    char *p = malloc(64);
+    free(misused((void *)((uintptr_t)p & ~(uintptr_t)0xFFFF)));
+}
+
+Test(badinput, free_noncanonical_small) { expect_abort(free_noncanonical_small, "free"); }
+Test(badinput, free_noncanonical_large) { expect_abort(free_noncanonical_large, "free"); }
+Test(badinput, realloc_noncanonical_small) { expect_abort(realloc_noncanonical_small, "realloc"); }
+Test(badinput, free_slab_front) { expect_abort(free_slab_front, "free"); }
 Test(badinput, free_stack_pointer) { expect_abort(free_stack, "free"); }
 Test(badinput, free_static_array) { expect_abort(free_static, "free"); }
 Test(badinput, free_mmap_pointer) { expect_abort(free_mmap, "free"); }

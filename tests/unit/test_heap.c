@@ -174,8 +174,10 @@ Test(heap, empty_slabs_retired_active_kept)
     for (int i = 0; i < N; i++)
         free(p[i]);
     cr_assert_eq(gsi_tls_heap->active[cls], active, "active slab dropped when empty");
-    /* The active slab carries one phantom reference (see refill). */
-    cr_assert_eq(active->used, 1);
+    /* The active slab carries an advance charge (see refill), and its
+       lists say it is empty. */
+    cr_assert_gt(active->used, 0);
+    cr_assert_eq(gsi_slab_recount(active), 0);
     /* Other code (Criterion) may own live objects of this class: empty
        slabs may stay only as kept ones, within the bound. 5000 objects of
        700 B span 54 slabs, more than the bound, so some were retired. */
@@ -191,6 +193,47 @@ Test(heap, empty_slabs_retired_active_kept)
     void *q = malloc(700);
     cr_assert_eq(gsi_slab_of(q), active);
     free(q);
+}
+
+/* The active slab does not count mallocs (advance charge); when it stops
+   being active its count is exact again: a slab filled completely, with
+   frees and reallocations while it was active, counts capacity objects,
+   and a later free moves it to the partial list with capacity - 1. */
+Test(heap, active_slab_recounted_when_replaced)
+{
+    enum { MAX = 2000 };
+    static void *p[MAX];
+    unsigned cls = gsi_size_class(2900);
+    int n = 0;
+    p[n++] = malloc(2900);
+    struct gs_slab *a = gsi_slab_of(p[0]);
+    cr_assert_eq(gsi_tls_heap->active[cls], a);
+    /* Fill a, freeing and reallocating some objects along the way. */
+    while (gsi_tls_heap->active[cls] == a) {
+        cr_assert_lt(n, MAX);
+        p[n++] = malloc(2900);
+        if (n % 4 == 0) {
+            free(p[n - 2]);
+            p[n - 2] = malloc(2900);
+        }
+    }
+    /* The last malloc came from the next slab; a is full and not active. */
+    cr_assert_neq(a->where, GS_IN_ACTIVE);
+    cr_assert_eq(a->free_head, GS_LINK_END);
+    cr_assert_eq(a->bump, a->capacity);
+    cr_assert_eq(a->used, a->capacity, "count after leaving the active slot");
+    int mine = -1;
+    for (int i = 0; i < n && mine < 0; i++)
+        if (gsi_slab_of(p[i]) == a)
+            mine = i;
+    cr_assert_geq(mine, 0);
+    free(p[mine]);
+    p[mine] = NULL;
+    cr_assert_eq(a->used, a->capacity - 1);
+    cr_assert_eq(a->where, GS_IN_PARTIAL);
+    cr_assert_eq(gsi_slab_recount(a), a->used);
+    for (int i = 0; i < n; i++)
+        free(p[i]);
 }
 
 /* fork: in the child, the heaps of threads that did not survive are no

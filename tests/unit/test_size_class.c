@@ -1,6 +1,6 @@
 /*
  * Size classes (alloc/size_class.c): the class table, size -> class
- * mapping, waste bound, slab layout, division magic, aligned classes.
+ * mapping, waste bound, slab layout, index computation, aligned classes.
  * Linked with the static archive: everything here is internal.
  */
 #include <criterion/criterion.h>
@@ -101,28 +101,37 @@ Test(size_class, slab_layout)
     }
 }
 
-/* Division by multiplication is exact for every offset in every class's
-   slab, and gsi_slab_index() accepts exactly the object starts. */
-Test(size_class, division_magic_exact)
+/* The index computation (inverse and rotate) is exact for every offset in
+   every class's slab: gsi_slab_index() accepts exactly the object starts
+   below capacity, and rejects the slab's tail, addresses below the first
+   object and far-away addresses (a non-canonical alias). */
+Test(size_class, slab_index_exact)
 {
     for (unsigned c = 0; c < GS_NCLASSES; c++) {
         const struct gs_class_info *ci = &gsi_classes[c];
+        cr_assert_eq((uint64_t)(ci->size >> ci->shift) * ci->inverse, 1,
+                     "class %u: inverse of the odd part", c);
+        cr_assert_eq((uint32_t)(ci->size >> ci->shift) << ci->shift, ci->size);
         struct gs_slab s = {0};
         s.start = (char *)((uintptr_t)1 << 30);
         s.obj_size = ci->size;
-        s.magic = ci->magic;
+        s.inverse = ci->inverse;
+        s.shift = ci->shift;
+        s.limit = ci->capacity;
         size_t limit = (size_t)ci->span * GS_SLOT_SIZE;
         for (uint64_t off = 0; off < limit; off++) {
-            uint64_t q = (off * ci->magic) >> 40;
-            if (q != off / ci->size)
-                cr_assert_fail("class %u (%u B): offset %lu gives %lu, expected %lu", c, ci->size,
-                        (unsigned long)off, (unsigned long)q, (unsigned long)(off / ci->size));
             long idx = gsi_slab_index(&s, s.start + off);
-            long want = off % ci->size ? -1 : (long)(off / ci->size);
+            long want = off % ci->size || off / ci->size >= ci->capacity ? -1 : (long)(off / ci->size);
             if (idx != want)
                 cr_assert_fail("class %u: gsi_slab_index(+%lu) = %ld, expected %ld", c,
                         (unsigned long)off, idx, want);
         }
+        for (uint64_t back = 1; back <= 4 * GS_SLOT_SIZE; back++)
+            if (gsi_slab_index(&s, s.start - back) != -1)
+                cr_assert_fail("class %u: start - %lu accepted", c, (unsigned long)back);
+        char *alias = (char *)((uintptr_t)s.start | ((uintptr_t)1 << 47));
+        cr_assert_eq(gsi_slab_index(&s, alias), -1, "class %u: non-canonical alias accepted", c);
+        cr_assert_eq(gsi_slab_index(&s, alias + ci->size), -1);
     }
 }
 

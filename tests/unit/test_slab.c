@@ -26,7 +26,7 @@ Test(slab, link_states_follow_the_object)
     cr_assert_geq(idx, 0);
     cr_assert_eq(gsi_link_load(s, (uint32_t)idx), GS_LINK_ALLOCATED);
     cr_assert_eq(gsi_link_load(s, s->capacity), GS_LINK_INVALID, "no sentinel after the last object");
-    uint32_t used = s->used;
+    uint64_t used = s->used;
     free(p);
     uint16_t v = gsi_link_load(s, (uint32_t)idx);
     cr_assert_neq(v, GS_LINK_ALLOCATED);
@@ -104,7 +104,7 @@ Test(slab, remote_frees_chain_and_collect)
         ptrs[i] = malloc(200);
         cr_assert_eq(gsi_slab_of(ptrs[i]), s, "objects not from the active slab");
     }
-    uint32_t used = s->used;
+    uint64_t used = s->used;
     cr_assert_eq(GS_X_OWNER(atomic_load(&s->xstate)), gsi_tls_heap->id);
     struct remote_job j = {ptrs, N};
     run_thread(free_all, &j);
