@@ -4,10 +4,12 @@
  * Fast paths (budget: about 12 instructions for malloc, 20 for free, one
  * unlikely test each before the work, everything else in noinline slow
  * functions):
- *   malloc: size -> class (table), the thread's active slab, pop the local
- *           free list (out-of-band links), mark ALLOCATED.
- *   free:   segment map byte -> slab metadata (mask + load) -> owner check ->
- *           index by multiplication -> link must be ALLOCATED -> push.
+ *   malloc: size -> the thread's active slab for it (heap->direct), pop
+ *           the local free list (out-of-band links), mark ALLOCATED; no
+ *           count (the active slab is charged in advance, heap.c).
+ *   free:   segment map byte -> slab metadata (map unit + load) -> owner
+ *           check -> exact index (inverse and rotate) -> link must be
+ *           ALLOCATED -> push -> count down (zero: slab empty, slow).
  * Anything else — first call of a thread, empty slab, large block, another
  * thread's slab, a bad pointer — goes to a slow path.
  *

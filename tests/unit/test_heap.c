@@ -236,6 +236,30 @@ Test(heap, active_slab_recounted_when_replaced)
         free(p[i]);
 }
 
+/* Should the active slab's advance charge ever run out (2^62 frees), the
+   free that takes it to zero charges it again: the slab stays active,
+   nothing is retired, and its lists still count right. Simulated by
+   setting the count to 1. */
+Test(heap, active_slab_charge_renewed)
+{
+    void *p = malloc(3000), *q = malloc(3000);
+    struct gs_slab *a = gsi_slab_of(q);
+    unsigned cls = gsi_size_class(3000);
+    cr_assert_eq(gsi_tls_heap->active[cls], a);
+    uint64_t live = gsi_slab_recount(a);
+    a->used = 1;
+    free(q);
+    cr_assert_eq(gsi_tls_heap->active[cls], a, "active slab dropped when its charge ran out");
+    cr_assert_eq(a->where, GS_IN_ACTIVE);
+    cr_assert_eq(a->kind, GS_SLAB_SMALL, "active slab retired");
+    cr_assert_eq(gsi_slab_recount(a), live - 1);
+    cr_assert_geq(a->used, GS_ACTIVE_CHARGE);
+    void *r = malloc(3000);
+    cr_assert_eq(r, q, "freed object not reused from the same slab");
+    free(r);
+    free(p);
+}
+
 /* fork: in the child, the heaps of threads that did not survive are no
    longer live, the locks are usable, and allocation works. */
 static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER;
