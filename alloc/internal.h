@@ -96,6 +96,9 @@ struct gs_cache;
 enum gs_slab_kind {
     GS_SLAB_UNUSED = 0,  /* slot is free in its segment */
     GS_SLAB_SMALL,       /* formatted slab of a size class */
+    GS_SLAB_READY,       /* retired, slots still committed, format kept
+                            (every object on the local list): reusable as
+                            is for its class (segment.c) */
 };
 
 /*
@@ -172,6 +175,7 @@ struct gs_segment {
     struct gs_segment *next, *prev;      /* all segments (segment_lock) */
     uint64_t free_slots;                 /* bit i: slot i unused */
     uint64_t dirty_slots;                /* bit i: unused but committed */
+    uint64_t ready_slots;                /* bit i: part of a READY slab */
     uint64_t dirty_since[GS_SLOTS];      /* ns timestamp when it became unused */
     struct gs_slab *slot_slab[GS_SLOTS]; /* slot -> slab metadata (first slot of a span) */
     struct gs_slab slabs[GS_SLOTS];      /* metadata, indexed by first slot */

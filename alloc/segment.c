@@ -10,6 +10,16 @@
  * with no timer. Segments left with no used slot are unmapped, keeping one
  * spare.
  *
+ * Reuse: a retired slab whose slots stay committed keeps its format — its
+ * link array holds every object on the local list — and waits on its
+ * class's ready list. A new slab of that class takes it as it is: no
+ * formatting, no linking, no page faults. That is the pattern of a program
+ * that frees everything and allocates it again (measured on bench/random:
+ * re-creating the slabs cost a fifth of its throughput and raised its
+ * peak RSS). Whatever else takes or decommits one of its slots drops it from
+ * the list first (unready_locked), so a READY slab's memory is always
+ * intact.
+ *
  * Locking: segment_lock protects the segment list and every segment's
  * free_slots, dirty_slots, dirty_since and slot_slab; a slab's kind is
  * written under it. It is taken on slab creation and retirement only.
@@ -24,6 +34,7 @@ static size_t segment_count;
 static size_t dirty_bytes;     /* committed bytes in unused slots (written under
                                   the lock with relaxed stores: also read as a hint) */
 static uint64_t last_purge_ns; /* time of the last purge pass */
+static struct gs_slab_list ready[GS_NCLASSES]; /* READY slabs by class (next/prev) */
 
 /* The metadata of every unused slot: kind UNUSED, so a free into it is
    reported, and an owner that never matches. */
@@ -88,8 +99,29 @@ static void segment_free_locked(struct gs_segment *seg)
     gsi_os_unmap(seg, GS_SEGMENT_SIZE);
 }
 
+/* Drops every READY slab that has a slot in mask: its slots are about to
+   be reused or decommitted. */
+static void unready_locked(struct gs_segment *seg, uint64_t mask)
+{
+    uint64_t hit = seg->ready_slots & mask;
+    while (hit) {
+        /* READY slabs do not overlap, so the nearest READY start at or
+           below a marked slot is the slab holding it. */
+        unsigned first = (unsigned)__builtin_ctzll(hit);
+        while (seg->slabs[first].kind != GS_SLAB_READY)
+            first--;
+        struct gs_slab *s = &seg->slabs[first];
+        uint64_t span = run_mask(first, s->span);
+        gsi_heap_list_remove(&ready[s->cls], s);
+        s->kind = GS_SLAB_UNUSED;
+        seg->ready_slots &= ~span;
+        hit &= ~span;
+    }
+}
+
 static void decommit_locked(struct gs_segment *seg, uint64_t mask)
 {
+    unready_locked(seg, mask);
     seg->dirty_slots &= ~mask;
     /* madvise contiguous runs of the mask. */
     while (mask) {
@@ -138,20 +170,57 @@ size_t gsi_segments_purge(bool force)
     return n;
 }
 
+/* Takes the READY slab s (lock held): as after gsi_slab_format() and some
+   extensions — unowned, on no list, every linked object free. */
+static struct gs_slab *reuse_ready_locked(struct gs_slab *s)
+{
+    struct gs_segment *seg = (struct gs_segment *)((uintptr_t)s & ~GS_SEGMENT_MASK);
+    unsigned first = (unsigned)(s - seg->slabs);
+    uint64_t mask = run_mask(first, s->span);
+    gsi_heap_list_remove(&ready[s->cls], s);
+    seg->ready_slots &= ~mask;
+    seg->free_slots &= ~mask;
+    seg->dirty_slots &= ~mask;
+    __atomic_store_n(&dirty_bytes, dirty_bytes - (size_t)s->span * GS_SLOT_SIZE, __ATOMIC_RELAXED);
+    GS_ASSERT(s->used == 0 && s->free_head != GS_LINK_END);
+    s->where = GS_IN_NONE;
+    s->orphan_next = s->orphan_prev = NULL;
+    s->orphaned = false;
+    s->kept_empty = false;
+    s->cache = NULL;
+    s->wait_cookie = 0;
+    atomic_store_explicit(&s->owner_heap, NULL, memory_order_relaxed);
+    atomic_store_explicit(&s->xstate, GS_X_MAKE(0, GS_LINK_END, 0), memory_order_relaxed);
+    for (int i = 0; i < GS_PENDING_CHAINS; i++)
+        atomic_store_explicit(&s->pending[i], GS_P_MAKE(0, GS_LINK_END & 0xFFF, 0),
+                              memory_order_relaxed);
+    s->kind = GS_SLAB_SMALL;
+    for (unsigned i = 0; i < s->span; i++)
+        seg->slot_slab[first + i] = s;
+    return s;
+}
+
 struct gs_slab *gsi_slab_new(unsigned cls)
 {
     unsigned span = gsi_classes[cls].span;
     pthread_mutex_lock(&segment_lock);
+    if (ready[cls].first) {
+        struct gs_slab *s = reuse_ready_locked(ready[cls].first);
+        pthread_mutex_unlock(&segment_lock);
+        return s;
+    }
     struct gs_segment *found = NULL;
     int first = -1;
-    /* Prefer committed (dirty) slots: no page faults, less RSS. */
-    for (struct gs_segment *seg = segment_list; seg && first < 0; seg = seg->next) {
-        if (seg->dirty_slots && (first = find_run(seg->dirty_slots, span)) >= 0)
-            found = seg;
-    }
-    for (struct gs_segment *seg = segment_list; seg && first < 0; seg = seg->next) {
-        if (seg->free_slots && (first = find_run(seg->free_slots, span)) >= 0)
-            found = seg;
+    /* Prefer committed (dirty) slots: no page faults, less RSS; among them
+       those no READY slab of another class waits on. */
+    for (int pass = 0; pass < 3 && first < 0; pass++) {
+        for (struct gs_segment *seg = segment_list; seg && first < 0; seg = seg->next) {
+            uint64_t avail = pass == 0   ? seg->dirty_slots & ~seg->ready_slots
+                             : pass == 1 ? seg->dirty_slots
+                                         : seg->free_slots;
+            if (avail && (first = find_run(avail, span)) >= 0)
+                found = seg;
+        }
     }
     if (first < 0) {
         found = segment_new_locked();
@@ -162,6 +231,7 @@ struct gs_slab *gsi_slab_new(unsigned cls)
         first = 1;
     }
     uint64_t mask = run_mask((unsigned)first, span);
+    unready_locked(found, mask);
     size_t dirty = (size_t)__builtin_popcountll(found->dirty_slots & mask);
     __atomic_store_n(&dirty_bytes, dirty_bytes - dirty * GS_SLOT_SIZE, __ATOMIC_RELAXED);
     found->free_slots &= ~mask;
@@ -195,8 +265,15 @@ void gsi_slab_retire(struct gs_slab *s)
     seg->free_slots |= mask;
     seg->dirty_slots |= mask;
     __atomic_store_n(&dirty_bytes, dirty_bytes + (size_t)s->span * GS_SLOT_SIZE, __ATOMIC_RELAXED);
-    if (dirty_bytes > (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20)
+    if (dirty_bytes > (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20) {
         decommit_locked(seg, mask);
+    } else if (s->free_head != GS_LINK_END) {
+        /* Empty (used == 0, nothing pending or remote): every object it
+           ever linked is on its local list. */
+        s->kind = GS_SLAB_READY;
+        seg->ready_slots |= mask;
+        gsi_heap_list_push(&ready[s->cls], s);
+    }
     if (now - last_purge_ns > (uint64_t)gsi_option(GSI_OPT_PURGE_DELAY_MS) * 1000000ull)
         purge_locked(false, now);
     pthread_mutex_unlock(&segment_lock);

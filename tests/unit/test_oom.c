@@ -314,11 +314,18 @@ static void threads_scenario(void)
         for (int i = 0; i < NTHREADS; i++)
             GST_CHILD_CHECK(pthread_create(&t[i], NULL, thread_fill, (void *)(uintptr_t)i) == 0,
                             "pthread_create");
+        /* Each thread ran until 20 failures, all ENOMEM (thread_fill
+           checks). Not each thread need get a block: one that starts after
+           the others took the whole limit rightly gets none (a scheduling
+           accident, seen about once in 60 runs); the threads together
+           must. */
+        size_t total = 0;
         for (int i = 0; i < NTHREADS; i++) {
             void *n;
             pthread_join(t[i], &n);
-            GST_CHILD_CHECK((size_t)n > 0, "thread %d allocated nothing", i);
+            total += (size_t)n;
         }
+        GST_CHILD_CHECK(total > 0, "round %d: no thread allocated anything", round);
     }
     void **ptrs = gst_raw_array(MAX_PTRS);
     GST_CHILD_CHECK(ptrs != NULL, "mmap");

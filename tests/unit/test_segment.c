@@ -146,3 +146,63 @@ Test(segment, slots_reused)
                       first_segs);
     }
 }
+
+/* A retired slab whose slots stay committed keeps its format (READY) and is
+   handed back as it is to the next new slab of its class: same memory,
+   every object still on its local list, nothing to link again. A slab of
+   another class may take its slots, and a purge decommits them: either way
+   it leaves the ready list first, and the next slab of its class is
+   formatted afresh. */
+Test(segment, retired_slab_reused_as_is)
+{
+    unsigned cls = gsi_size_class(5000), other = gsi_size_class(9000);
+    struct gs_slab *s = gsi_slab_new(cls);
+    cr_assert_not_null(s);
+    cr_assert_eq(gsi_slab_extend(s, 5), 5);
+    char *start = s->start;
+    uint32_t head = (uint32_t)s->free_head;
+    gsi_slab_retire(s);
+    cr_assert_eq(s->kind, GS_SLAB_READY);
+    struct gs_segment *seg = segment_of(start);
+    /* Its slots map to the unused sentinel: a free into it is reported. */
+    cr_assert_eq(seg->slot_slab[s - seg->slabs]->kind, GS_SLAB_UNUSED);
+    cr_assert_eq(gsi_map_kind((uintptr_t)start), GS_MAP_SMALL);
+    struct gs_slab *t = gsi_slab_new(cls);
+    cr_assert_eq(t, s, "READY slab not reused for its class");
+    cr_assert_eq(t->kind, GS_SLAB_SMALL);
+    cr_assert_eq(t->start, start);
+    cr_assert_eq(t->bump, 5, "format redone");
+    cr_assert_eq(t->free_head, head, "local list lost");
+    cr_assert_eq(gsi_slab_recount(t), 0);
+    cr_assert_eq(GS_X_OWNER(atomic_load(&t->xstate)), 0, "reused slab not ownerless");
+    unsigned first = (unsigned)(t - seg->slabs);
+    for (unsigned i = first; i < first + t->span; i++)
+        cr_assert_eq(seg->slot_slab[i], t);
+    cr_assert_eq(seg->ready_slots & ((uint64_t)1 << first), 0);
+
+    /* Purged: decommitted, so no longer READY; the next slab is new. */
+    gsi_slab_retire(t);
+    cr_assert_eq(t->kind, GS_SLAB_READY);
+    gsi_segments_purge(true);
+    cr_assert_eq(t->kind, GS_SLAB_UNUSED, "purged slab still READY");
+    cr_assert_eq(seg->ready_slots & ((uint64_t)1 << first), 0);
+    struct gs_slab *u = gsi_slab_new(cls);
+    cr_assert_eq(u->bump, 0, "a purged slab's format was trusted");
+    cr_assert_eq(u->free_head, GS_LINK_END);
+
+    /* Taken by another class: no longer READY for this one. */
+    cr_assert_eq(gsi_slab_extend(u, 3), 3);
+    gsi_slab_retire(u);
+    cr_assert_eq(u->kind, GS_SLAB_READY);
+    struct gs_slab *others[64];
+    int n = 0;
+    /* Other classes fill every committed run first, including READY ones. */
+    while (u->kind == GS_SLAB_READY && n < 64)
+        others[n++] = gsi_slab_new(other);
+    cr_assert_neq(u->kind, GS_SLAB_READY, "slots of a READY slab never given to another class");
+    struct gs_slab *v = gsi_slab_new(cls);
+    cr_assert(v != u || v->bump == 0, "a slab whose slots went to another class was reused");
+    gsi_slab_retire(v);
+    for (int i = 0; i < n; i++)
+        gsi_slab_retire(others[i]);
+}
