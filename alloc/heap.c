@@ -556,6 +556,7 @@ static void abandon_slab(struct gs_heap *h, struct gs_slab *s)
 
 static void heap_abandon(struct gs_heap *h)
 {
+    gsi_remote_flush(h);
     for (unsigned c = 0; c < GS_NCLASSES; c++) {
         struct gs_slab *s;
         if ((s = h->active[c]) != &gsi_empty_slab)

@@ -218,6 +218,12 @@ struct gs_heap {
     struct gs_slab_list partial[GS_NCLASSES];  /* owned, with free objects */
     struct gs_slab_list waiting[GS_NCLASSES];  /* owned, pending objects only */
     size_t empty_bytes;                        /* empty slabs kept on partial lists */
+    /* This thread's latest remote frees into one slab another heap owns:
+       chained through their REMOTE links but not yet pushed onto the
+       slab's remote chain (slab.c, gsi_remote_flush). Owner thread only,
+       and a fork child for the heaps of threads that did not survive. */
+    struct gs_slab *rbatch_slab;
+    uint64_t rbatch;                           /* GS_RB_MAKE(head, tail, count) */
     /* 1 while the owner thread is inside a deferred-free operation (a push
        or a reclaim of pending objects); fork waits for 0 (pending.c). */
     _Atomic int defer_busy;
@@ -407,6 +413,17 @@ uint32_t gsi_slab_collect(struct gs_slab *s);
 /* Any thread but the owner: frees p (index idx) into s. Adopts s into heap
    h if it is ownerless (then frees locally and returns true). */
 void gsi_slab_free_remote(struct gs_heap *h, struct gs_slab *s, uint32_t idx, const char *call);
+/* Remote frees are pushed GS_REMOTE_BATCH at a time (one CAS on the
+   slab's xstate per batch), or when the thread frees into another slab,
+   exits or flushes. */
+#define GS_REMOTE_BATCH 64
+#define GS_RB_MAKE(head, tail, count)                                          \
+    (((uint64_t)(head) << 32) | ((uint64_t)(tail) << 16) | (uint64_t)(count))
+#define GS_RB_HEAD(b)  ((uint32_t)((b) >> 32) & 0xFFFFu)
+#define GS_RB_TAIL(b)  ((uint32_t)((b) >> 16) & 0xFFFFu)
+#define GS_RB_COUNT(b) ((uint32_t)(b) & 0xFFFFu)
+/* Pushes h's batch of remote frees, if any (h's thread only). */
+void gsi_remote_flush(struct gs_heap *h);
 /* Owner: gives s up if it has no remote frees in flight; true if done. */
 bool gsi_slab_release(struct gs_heap *h, struct gs_slab *s);
 /* Takes an ownerless slab; true on success (acquire). */

@@ -524,6 +524,8 @@ void gsi_pending_kick(void)
 GS_EXPORT size_t gs_reclaim(size_t bytes)
 {
     (void)bytes; /* everything done is reclaimed: the count is exact either way */
+    if (gsi_tls_mine != &gsi_empty_heap)
+        gsi_remote_flush(gsi_tls_mine); /* this thread's remote frees reach their slabs */
     if (!gsi_rcu_in_reader())
         gsi_gp_wait(gsi_gp_cookie());
     else
@@ -534,6 +536,8 @@ GS_EXPORT size_t gs_reclaim(size_t bytes)
 bool gsi_oom_reclaim(void)
 {
     size_t freed;
+    if (gsi_tls_mine != &gsi_empty_heap)
+        gsi_remote_flush(gsi_tls_mine);
     if (!gsi_rcu_in_reader())
         gsi_gp_wait(gsi_gp_cookie());
     freed = gsi_pending_sweep(NULL);

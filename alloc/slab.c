@@ -173,10 +173,94 @@ bool gsi_slab_release(struct gs_heap *h, struct gs_slab *s)
     return false;
 }
 
+/* Pushes the chain head..tail (n objects, REMOTE links, tail's next to be
+   set here) onto s's remote chain. If s has no owner, h adopts it with the
+   chain (h != NULL), and the objects become local frees. */
+static void push_remote_chain(struct gs_heap *h, struct gs_slab *s, uint32_t head,
+                              uint32_t tail, uint32_t n)
+{
+    uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
+    for (;;) {
+        gsi_link_store(s, tail, (uint16_t)(GS_LINK_REMOTE | GS_X_HEAD(x)));
+        if (GS_X_OWNER(x) == 0 && h) {
+            /* Acquire: as in gsi_slab_adopt(); the chain is ours. */
+            if (!atomic_compare_exchange_weak_explicit(
+                    &s->xstate, &x, GS_X_MAKE(h->id, head, GS_X_COUNT(x) + n),
+                    memory_order_acquire, memory_order_relaxed))
+                continue;
+            atomic_store_explicit(&s->owner_heap, h, memory_order_relaxed);
+            gsi_heap_take_adopted(h, s); /* collects the chain: used -= n */
+            if (s->used == 0)
+                gsi_heap_slab_empty(h, s);
+            return;
+        }
+        /* Release: publishes the chain's links to the owner's acquire CAS
+           in gsi_slab_collect(). */
+        if (atomic_compare_exchange_weak_explicit(
+                &s->xstate, &x, GS_X_MAKE(GS_X_OWNER(x), head, GS_X_COUNT(x) + n),
+                memory_order_release, memory_order_relaxed))
+            return;
+    }
+}
+
+void gsi_remote_flush(struct gs_heap *h)
+{
+    uint64_t b = h->rbatch;
+    if (!GS_RB_COUNT(b))
+        return;
+    /* Forget the batch before pushing it: a fork child (which flushes the
+       batches of threads that did not survive) may then lose a batch caught
+       in between, but never push one twice. The push's CAS is a release,
+       so this store comes first. */
+    __atomic_store_n(&h->rbatch, 0, __ATOMIC_RELAXED);
+    push_remote_chain(h, h->rbatch_slab, GS_RB_HEAD(b), GS_RB_TAIL(b), GS_RB_COUNT(b));
+}
+
+/* A remote free into s, owned by another heap: claims the object and adds
+   it to h's batch (see GS_REMOTE_BATCH). Measured on bench/prodcons: one
+   CAS on the owner's xstate per free made the consumer and the producer
+   fight over that cache line. */
+static void free_remote_batched(struct gs_heap *h, struct gs_slab *s, uint32_t idx,
+                                const char *call)
+{
+    uint64_t b = h->rbatch;
+    uint32_t n = GS_RB_COUNT(b);
+    uint16_t next = (uint16_t)(GS_LINK_REMOTE | (n ? GS_RB_HEAD(b) : GS_LINK_END));
+    /* The state check and the claim are one CAS, so two threads freeing
+       the same object cannot both succeed. */
+    uint16_t expect = GS_LINK_ALLOCATED;
+    if (!__atomic_compare_exchange_n(&s->link[idx], &expect, next, false, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED))
+        gsi_bad_free(call, s->start + (size_t)idx * s->obj_size, expect);
+    h->rbatch_slab = s;
+    /* Release: the claim and the slab come before the count that covers
+       them (for a fork child reading the batch). */
+    __atomic_store_n(&h->rbatch, n ? GS_RB_MAKE(idx, GS_RB_TAIL(b), n + 1) : GS_RB_MAKE(idx, idx, 1),
+                     __ATOMIC_RELEASE);
+    if (n + 1 >= GS_REMOTE_BATCH)
+        gsi_remote_flush(h);
+}
+
 void gsi_slab_free_remote(struct gs_heap *h, struct gs_slab *s, uint32_t idx, const char *call)
 {
+    if (h && GS_RB_COUNT(h->rbatch) && h->rbatch_slab != s)
+        gsi_remote_flush(h);
     const void *p = s->start + (size_t)idx * s->obj_size;
     uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
+    if (h && GS_X_OWNER(x) != 0 && GS_X_OWNER(x) != h->id) {
+        free_remote_batched(h, s, idx, call);
+        return;
+    }
+    /* Ownerless: the batch for s, if any, goes first; pushing it may adopt
+       s, and then this free is local. */
+    if (h && GS_RB_COUNT(h->rbatch)) {
+        gsi_remote_flush(h);
+        x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
+        if (GS_X_OWNER(x) == h->id) {
+            gsi_heap_free_local(h, s, idx, call);
+            return;
+        }
+    }
     bool marked = false;
     for (;;) {
         if (GS_X_OWNER(x) == 0 && h) {

@@ -30,6 +30,10 @@ GS_EXPORT void gs_stats_get(struct gs_stats *out)
 {
     memset(out, 0, sizeof *out);
     gsi_heap_init_once();
+    /* The caller's own remote frees count as freed (other threads' last
+       few, batched, may still count as allocated: see GS_REMOTE_BATCH). */
+    if (gsi_tls_mine != &gsi_empty_heap)
+        gsi_remote_flush(gsi_tls_mine);
     out->nclasses = GS_NCLASSES;
     for (unsigned c = 0; c < GS_NCLASSES; c++)
         out->class_size[c] = gsi_classes[c].size;

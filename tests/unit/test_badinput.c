@@ -111,6 +111,28 @@ static void double_free_cross_thread(void *arg)
     free(keep);
 }
 
+/* Both frees in another thread: the first one waits in that thread's
+   batch of remote frees (not yet on the slab's chain) when the second
+   comes. */
+static void *free_twice(void *p)
+{
+    free(p);
+    free(p);
+    return NULL;
+}
+
+static void double_free_batched_remote(void *arg)
+{
+    (void)arg;
+    void *keep = malloc(128);
+    void *p = misused(malloc(128));
+    pthread_t t;
+    pthread_create(&t, NULL, free_twice, p);
+    pthread_join(t, NULL);
+    free(keep);
+}
+
+Test(badinput, double_free_batched_remote) { expect_abort(double_free_batched_remote, "free"); }
 Test(badinput, double_free_small) { expect_abort(double_free_small, "free"); }
 Test(badinput, double_free_small_alone) { expect_abort(double_free_small_alone, "free"); }
 Test(badinput, double_free_small_aligned) { expect_abort(double_free_small_aligned, "free"); }

@@ -92,6 +92,64 @@ static void run_thread(void *(*fn)(void *), void *arg)
     cr_assert_eq(pthread_join(t, NULL), 0);
 }
 
+/* A thread's remote frees into one slab are batched: claimed at once
+   (links REMOTE, so a double free is still caught), pushed onto the
+   owner's remote chain with one CAS when the batch is full, when the
+   thread frees into another slab, or when it exits. */
+struct batch_job {
+    void **a;      /* objects of one slab */
+    int na;
+    void *other;   /* an object of another slab */
+    struct gs_slab *s;
+    uint32_t count_before_switch, count_after_switch;
+    uint16_t link_before_switch;
+};
+
+static void *free_batched(void *arg)
+{
+    struct batch_job *j = arg;
+    for (int i = 0; i < j->na; i++)
+        free(j->a[i]);
+    j->count_before_switch = GS_X_COUNT(atomic_load(&j->s->xstate));
+    j->link_before_switch = gsi_link_load(j->s, (uint32_t)gsi_slab_index(j->s, j->a[0]));
+    free(j->other);
+    j->count_after_switch = GS_X_COUNT(atomic_load(&j->s->xstate));
+    return NULL;
+}
+
+Test(slab, remote_frees_batched)
+{
+    enum { N = 5, FULL = GS_REMOTE_BATCH };
+    static void *a[FULL + N];
+    void *keep = malloc(96);
+    struct gs_slab *s = gsi_slab_of(keep);
+    for (int i = 0; i < FULL + N; i++) {
+        a[i] = malloc(96);
+        cr_assert_eq(gsi_slab_of(a[i]), s, "objects not from one slab");
+    }
+    void *other = malloc(3000);
+    cr_assert_neq(gsi_slab_of(other), s);
+
+    /* N frees, then a free into another slab. */
+    struct batch_job j = {a, N, other, s, 0, 0, 0};
+    run_thread(free_batched, &j);
+    cr_assert_eq(j.count_before_switch, 0, "remote frees pushed one by one");
+    cr_assert_eq(j.link_before_switch & ~GS_LINK_INDEX, GS_LINK_REMOTE,
+                 "batched object not claimed (link %#x)", j.link_before_switch);
+    cr_assert_eq(j.count_after_switch, N, "batch not pushed when the thread moved on");
+
+    /* A full batch goes at once; the rest when the thread exits. */
+    struct batch_job k = {a + N, FULL, NULL, s, 0, 0, 0};
+    void *extra[1] = {malloc(96)};
+    cr_assert_eq(gsi_slab_of(extra[0]), s);
+    k.other = extra[0]; /* same slab: no switch */
+    run_thread(free_batched, &k);
+    cr_assert_geq(k.count_before_switch, N + FULL, "full batch not pushed");
+    cr_assert_eq(GS_X_COUNT(atomic_load(&s->xstate)), N + FULL + 1, "batch lost at thread exit");
+    cr_assert_eq(gsi_slab_collect(s), N + FULL + 1);
+    free(keep);
+}
+
 /* Another thread's frees go on the remote chain (links marked REMOTE, the
    count in xstate); the owner's collect moves them to its local list. */
 Test(slab, remote_frees_chain_and_collect)
