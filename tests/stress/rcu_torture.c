@@ -47,7 +47,9 @@ struct obj {
     char payload[48];
 };
 
-static struct obj *_Atomic slots[NSLOTS];
+/* Plain pointers: gs_rcu_dereference() and gs_rcu_assign_pointer() take an
+   lvalue of pointer type (not _Atomic, which clang's builtins reject). */
+static struct obj *slots[NSLOTS];
 static atomic_int stop;
 static atomic_ulong errors, reads, updates, cbs_queued, cbs_done, poll_checks;
 
@@ -170,7 +172,7 @@ static void *writer(void *arg)
         long s = (long)(rnd(&seed) % NSLOTS);
         struct obj *nw = obj_new(s, ++gen);
         /* Release via exchange: publishes *nw; the old object is unlinked. */
-        struct obj *old = atomic_exchange(&slots[s], nw);
+        struct obj *old = __atomic_exchange_n(&slots[s], nw, __ATOMIC_ACQ_REL);
         n++;
         if (!old)
             continue;
@@ -246,7 +248,7 @@ int main(int argc, char **argv)
         seconds = 3;
 
     for (long s = 0; s < NSLOTS; s++)
-        atomic_store(&slots[s], obj_new(s, 1));
+        __atomic_store_n(&slots[s], obj_new(s, 1), __ATOMIC_RELEASE);
 
     pthread_t rt[NREADERS], wt[NWRITERS], bt;
     for (long i = 0; i < NREADERS; i++)
@@ -270,7 +272,7 @@ int main(int argc, char **argv)
         atomic_fetch_add(&errors, 1);
     }
     for (long s = 0; s < NSLOTS; s++) {
-        struct obj *o = atomic_load(&slots[s]);
+        struct obj *o = __atomic_load_n(&slots[s], __ATOMIC_ACQUIRE);
         if (!obj_valid(o, s)) {
             fprintf(stderr, "torture: slot %ld holds a bad object at the end\n", s);
             atomic_fetch_add(&errors, 1);

@@ -16,8 +16,10 @@
 #include <sys/mman.h>
 
 #pragma GCC diagnostic ignored "-Wfree-nonheap-object"
+#ifndef __clang__
 #pragma GCC diagnostic ignored "-Wuse-after-free"
 #pragma GCC diagnostic ignored "-Wmismatched-dealloc"
+#endif
 
 /* Each child reports the pointer it misuses before the fatal call. */
 static void *misused(void *p)

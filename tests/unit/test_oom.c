@@ -25,7 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifndef __clang__
 #pragma GCC diagnostic ignored "-Wuse-after-free"
+#endif
 
 void *reallocarray(void *p, size_t n, size_t size);
 void *valloc(size_t size);

@@ -12,7 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifndef __clang__
 #pragma GCC diagnostic ignored "-Walloc-size-larger-than="
+#endif
 
 Test(static_link, malloc_is_graceslab)
 {
