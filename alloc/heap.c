@@ -134,7 +134,15 @@ void gsi_orphan_push(struct gs_slab *s)
 {
     struct orphan_list *o = &orphans[s->cls];
     pthread_mutex_lock(&o->lock);
-    if (!s->orphaned) {
+    /* s was released just before (abandon_slab). Meanwhile a remote free
+       may have adopted it, and its new owner may even have emptied and
+       retired it: listing it then would leave a stale entry through which
+       a later refill adopts a slab that is gone or reused. So list it only
+       while it is still ownerless (a new owner removes the entry under this
+       lock, gsi_heap_take_adopted). */
+    if (!s->orphaned &&
+        GS_X_OWNER(atomic_load_explicit(&s->xstate, memory_order_relaxed)) == 0 &&
+        s->kind == GS_SLAB_SMALL) {
         s->orphaned = true;
         s->orphan_prev = NULL;
         s->orphan_next = o->first;
