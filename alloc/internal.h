@@ -342,10 +342,10 @@ GS_INLINE struct gs_slab *gsi_slab_in_unit(uintptr_t unit, const void *p)
     struct gs_segment *seg = (struct gs_segment *)(unit << GS_SEGMENT_SHIFT);
     return seg->slot_slab[((uintptr_t)p >> GS_SLOT_SHIFT) & (GS_SLOTS - 1)];
 }
+/* The slab metadata for p, which is in a segment. */
 GS_INLINE struct gs_slab *gsi_slab_of(const void *p)
 {
-    struct gs_segment *seg = (struct gs_segment *)((uintptr_t)p & ~GS_SEGMENT_MASK);
-    return seg->slot_slab[((uintptr_t)p >> GS_SLOT_SHIFT) & (GS_SLOTS - 1)];
+    return gsi_slab_in_unit(gsi_map_unit((uintptr_t)p), p);
 }
 
 /* ---------------------------------------------------------------------
