@@ -31,9 +31,14 @@
 
 struct gs_slab gsi_empty_slab = {.free_head = GS_LINK_END, .kind = GS_SLAB_UNUSED};
 struct gs_heap gsi_empty_heap = {.direct = {[0 ... (1024 >> 4)] = &gsi_empty_slab},
-                                  .active = {[0 ... GS_NCLASSES - 1] = &gsi_empty_slab}};
+                                  .active = {[0 ... GS_NCLASSES - 1] = &gsi_empty_slab},
+                                  .key = 1};
 __thread struct gs_heap *gsi_tls_heap = &gsi_empty_heap;
 __thread struct gs_heap *gsi_tls_mine = &gsi_empty_heap;
+/* Set once this thread's heap has been abandoned at its exit: a heap it
+   makes after that (a later destructor's malloc) may outlive it, so it
+   is keyed by its address, not by the thread pointer. */
+static __thread bool tls_exiting;
 bool gsi_valgrind;
 
 static pthread_mutex_t heap_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -205,6 +210,7 @@ static struct gs_heap *heap_create_locked(void)
     struct gs_heap *h = heap_pool;
     if (h) {
         heap_pool = h->next_pool;
+        h->key = (uintptr_t)h;
         return h;
     }
     size_t bytes = (sizeof *h + GS_PAGE - 1) & ~(size_t)(GS_PAGE - 1);
@@ -216,6 +222,7 @@ static struct gs_heap *heap_create_locked(void)
     for (unsigned i = 0; i <= (1024 >> 4); i++)
         h->direct[i] = &gsi_empty_slab;
     h->id = heap_next_id++;
+    h->key = (uintptr_t)h;
     h->next_all = heap_all;
     heap_all = h;
     return h;
@@ -224,6 +231,7 @@ static struct gs_heap *heap_create_locked(void)
 static void thread_exit(void *arg)
 {
     struct gs_heap *h = arg;
+    tls_exiting = true;
     if (h && h == gsi_tls_mine)
         heap_abandon(h);
 }
@@ -257,16 +265,26 @@ struct gs_heap *gsi_heap_get(void)
     if (GS_LIKELY(h != &gsi_empty_heap))
         return h;
     gsi_heap_init_once();
-    pthread_mutex_lock(&heap_lock);
-    h = heap_create_locked();
-    if (h)
-        h->live = true;
-    pthread_mutex_unlock(&heap_lock);
-    if (!h)
-        return NULL;
-    gsi_tls_mine = h;
-    gsi_tls_heap = gsi_valgrind ? &gsi_empty_heap : h;
-    if (atomic_load_explicit(&init_state, memory_order_acquire) == 2)
+    /* The initialisation may have made this thread's heap (a malloc inside
+       pthread_atfork): that one is the thread's heap, not a second one. */
+    h = gsi_tls_mine;
+    if (h == &gsi_empty_heap) {
+        pthread_mutex_lock(&heap_lock);
+        h = heap_create_locked();
+        if (h)
+            h->live = true;
+        pthread_mutex_unlock(&heap_lock);
+        if (!h)
+            return NULL;
+        if (!gsi_valgrind && !tls_exiting)
+            h->key = gsi_thread_key();
+        gsi_tls_mine = h;
+        gsi_tls_heap = gsi_valgrind ? &gsi_empty_heap : h;
+    }
+    /* Registered once the key exists (not during the initialisation):
+       thread_exit then abandons the heap. */
+    if (atomic_load_explicit(&init_state, memory_order_acquire) == 2 &&
+        pthread_getspecific(heap_key) != h)
         pthread_setspecific(heap_key, h);
     return h;
 }

@@ -150,11 +150,12 @@ struct gs_slab {
     uint64_t wait_cookie;    /* waiting list: cookie it waits for */
 
     /* --- shared fields --- */
-    /* Mirror of the owner for the free fast path: written by the thread that
-       takes or gives up ownership (relaxed; see slab.c), read by any thread
-       only to compare with its own heap, which cannot race: a slab stops
-       being "mine" only by my own write. */
-    _Atomic(struct gs_heap *) owner_heap;
+    /* Mirror of the owner for the free fast path: the owner heap's key
+       (gs_heap.key: its thread's thread pointer), 0 when ownerless. Written
+       by the thread that takes or gives up ownership (relaxed; see slab.c),
+       read by any thread only to compare with its own key, which cannot
+       race: a slab stops being "mine" only by my own write. */
+    _Atomic uintptr_t owner_key;
     /* Owner id, remote chain: see GS_X_*. CAS by remote freers, adopters,
        and the owner. */
     _Atomic uint64_t xstate;
@@ -178,6 +179,7 @@ struct gs_segment {
     uint64_t ready_slots;                /* bit i: part of a READY slab */
     uint64_t dirty_since[GS_SLOTS];      /* ns timestamp when it became unused */
     struct gs_slab *slot_slab[GS_SLOTS]; /* slot -> slab metadata (first slot of a span) */
+    bool fastmapped;                     /* slot_slab mirrored in gsi_fastmap */
     struct gs_slab slabs[GS_SLOTS];      /* metadata, indexed by first slot */
 };
 #define GS_SEGMENT_MAGIC 0x6772616365736c62ull /* "graceslb" */
@@ -214,6 +216,16 @@ struct gs_heap {
     struct gs_slab *direct[(1024 >> 4) + 1];
     struct gs_slab *active[GS_NCLASSES];       /* never NULL: empty sentinel */
     uint32_t id;                               /* 1.. ; owner id in xstate */
+    /* What slabs it owns store in owner_key. For the heap of a running
+       thread, the thread pointer (%fs base): the free fast path compares it
+       in one instruction, with no TLS variable to load. Unique among
+       running threads, and a thread's slabs are all released at its exit
+       (heap_abandon) before another thread can get its thread pointer.
+       Otherwise (a heap made for a thread already exiting, a cache's
+       detached heap, every heap under Valgrind, which wants the slow
+       path) the heap's own address, which no thread pointer equals; and 1
+       for gsi_empty_heap, which owns nothing. */
+    uintptr_t key;
     bool live;                                 /* has a thread (heap_lock) */
     struct gs_slab_list partial[GS_NCLASSES];  /* owned, with free objects */
     struct gs_slab_list waiting[GS_NCLASSES];  /* owned, pending objects only */
@@ -336,6 +348,33 @@ void gsi_segments_atfork_child(void);
 size_t gsi_segments_count(void);
 size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */
 
+/* The fast map: the free fast path's way from a pointer to its slab
+   metadata, one load and no branch. One entry per 64 KiB slot of address
+   space modulo 2^(GS_FASTMAP_BITS + GS_SLOT_SHIFT) (256 GiB); an entry holds
+   the slab's metadata address as an offset from gsi_unused_slab, so a zero
+   entry (never written: foreign memory) names gsi_unused_slab, whose owner
+   never matches a heap. It is a hint, not an authority: free accepts a
+   pointer only if the slab named is the thread's own and the pointer is
+   exactly one of its allocated objects, so a pointer that aliases another
+   segment's entry, or an entry left stale, just takes the slow path (which
+   asks gsi_segmap). Entries are written under segment_lock (segment.c);
+   entries only ever name metadata inside a mapped segment or the
+   sentinel: a segment's entries are cleared before it is unmapped, and of
+   two live segments that share entries (addresses 256 GiB apart) neither
+   owns them, so no valid free can read metadata of a segment being
+   unmapped (docs/design.md, "The fast map"). */
+#ifndef GS_FASTMAP_BITS /* smaller in the alias test build (tests/unit) */
+#define GS_FASTMAP_BITS 22
+#endif
+extern _Atomic uintptr_t gsi_fastmap[(size_t)1 << GS_FASTMAP_BITS];
+extern struct gs_slab gsi_unused_slab;
+GS_INLINE struct gs_slab *gsi_slab_hint(const void *p)
+{
+    size_t i = ((uintptr_t)p >> GS_SLOT_SHIFT) & (((size_t)1 << GS_FASTMAP_BITS) - 1);
+    return (struct gs_slab *)((uintptr_t)&gsi_unused_slab +
+                              atomic_load_explicit(&gsi_fastmap[i], memory_order_relaxed));
+}
+
 /* The slab metadata for p, whose map unit (gsi_map_unit) is a segment. */
 GS_INLINE struct gs_slab *gsi_slab_in_unit(uintptr_t unit, const void *p)
 {
@@ -441,6 +480,11 @@ _Noreturn void gsi_bad_free(const char *call, const void *p, uint16_t link);
    differ only under Valgrind (see vg.h), where the fast-path heap stays the
    empty heap so that every call reaches the slow paths. */
 extern __thread struct gs_heap *gsi_tls_heap;
+/* The calling thread's key (gs_heap.key): its thread pointer. */
+GS_INLINE uintptr_t gsi_thread_key(void)
+{
+    return (uintptr_t)__builtin_thread_pointer();
+}
 extern __thread struct gs_heap *gsi_tls_mine;
 extern struct gs_heap gsi_empty_heap;
 extern struct gs_slab gsi_empty_slab;

@@ -66,19 +66,15 @@ static GS_NOINLINE void free_slow(void *p, const char *call);
 
 GS_EXPORT void gs_free(void *p)
 {
-    uintptr_t unit = gsi_map_unit((uintptr_t)p);
-    if (GS_LIKELY(gsi_map_kind_at(unit) == GS_MAP_SMALL)) {
-        struct gs_slab *s = gsi_slab_in_unit(unit, p);
-        struct gs_heap *h = gsi_tls_heap;
-        if (GS_LIKELY(atomic_load_explicit(&s->owner_heap, memory_order_relaxed) == h)) {
-            long idx = gsi_slab_index(s, p);
-            if (GS_LIKELY(idx >= 0 && gsi_link_load(s, (uint32_t)idx) == GS_LINK_ALLOCATED)) {
-                gsi_slab_push(s, (uint32_t)idx, p);
-                if (GS_LIKELY(--s->used != 0))
-                    return;
-                gsi_heap_slab_empty(h, s);
+    struct gs_slab *s = gsi_slab_hint(p);
+    if (GS_LIKELY(atomic_load_explicit(&s->owner_key, memory_order_relaxed) == gsi_thread_key())) {
+        long idx = gsi_slab_index(s, p);
+        if (GS_LIKELY(idx >= 0 && gsi_link_load(s, (uint32_t)idx) == GS_LINK_ALLOCATED)) {
+            gsi_slab_push(s, (uint32_t)idx, p);
+            if (GS_LIKELY(--s->used != 0))
                 return;
-            }
+            gsi_heap_slab_empty(gsi_tls_mine, s); /* the heap keyed to me */
+            return;
         }
     }
     free_slow(p, "free");
@@ -107,7 +103,7 @@ static GS_NOINLINE void free_slow(void *p, const char *call)
         /* Tell memcheck before the block can be handed out again (another
            thread may reallocate it as soon as it is freed). */
         GS_VG_FREE(p);
-        if (atomic_load_explicit(&s->owner_heap, memory_order_relaxed) == h) {
+        if (atomic_load_explicit(&s->owner_key, memory_order_relaxed) == h->key) {
             gsi_heap_free_local(h, s, idx, call);
         } else {
             /* A heap is needed only to adopt an ownerless slab; if even

@@ -37,8 +37,10 @@ static uint64_t last_purge_ns; /* time of the last purge pass */
 static struct gs_slab_list ready[GS_NCLASSES]; /* READY slabs by class (next/prev) */
 
 /* The metadata of every unused slot: kind UNUSED, so a free into it is
-   reported, and an owner that never matches. */
-static struct gs_slab unused_slab = {.kind = GS_SLAB_UNUSED};
+   reported, and an owner that never matches. Also what a zero fast-map
+   entry names. */
+struct gs_slab gsi_unused_slab = {.kind = GS_SLAB_UNUSED};
+_Atomic uintptr_t gsi_fastmap[(size_t)1 << GS_FASTMAP_BITS];
 
 #define ALL_SLABS (~(uint64_t)1) /* slots 1..63 */
 
@@ -64,6 +66,81 @@ static int find_run(uint64_t avail, unsigned n)
     return -1;
 }
 
+/* ---------------------------------------------------------- fast map */
+
+static size_t fastmap_index(const struct gs_segment *seg, unsigned slot)
+{
+    return (((uintptr_t)seg >> GS_SLOT_SHIFT) + slot) & (((size_t)1 << GS_FASTMAP_BITS) - 1);
+}
+
+/* Segments whose slots share fast-map entries: addresses equal modulo the
+   map's span. */
+static bool fastmap_alias(const struct gs_segment *a, const struct gs_segment *b)
+{
+    return fastmap_index(a, 0) == fastmap_index(b, 0);
+}
+
+/* Relaxed stores: a reader (free) that sees an old entry only takes the
+   slow path; what makes a valid free see its slab is happens-before: the
+   entry is written under segment_lock before the slab is handed out, and
+   the block reaches its freeing thread through the slab's owner. */
+static void fastmap_write(const struct gs_segment *seg, unsigned slot, const struct gs_slab *s)
+{
+    uintptr_t off = s == &gsi_unused_slab ? 0 : (uintptr_t)s - (uintptr_t)&gsi_unused_slab;
+    atomic_store_explicit(&gsi_fastmap[fastmap_index(seg, slot)], off, memory_order_relaxed);
+}
+
+static void fastmap_mirror(struct gs_segment *seg, bool on)
+{
+    seg->fastmapped = on;
+    for (unsigned i = 0; i < GS_SLOTS; i++)
+        fastmap_write(seg, i, on ? seg->slot_slab[i] : &gsi_unused_slab);
+}
+
+/* A new segment owns its fast-map entries unless another live segment
+   shares them; then neither does (the other is dropped, so that no reader
+   can hold an entry naming a segment that is later unmapped while a
+   segment it was a valid entry for lives on). */
+static void fastmap_join(struct gs_segment *seg)
+{
+    for (struct gs_segment *o = segment_list; o; o = o->next)
+        if (o != seg && fastmap_alias(o, seg)) {
+            if (o->fastmapped)
+                fastmap_mirror(o, false);
+            seg->fastmapped = false;
+            return;
+        }
+    fastmap_mirror(seg, true);
+}
+
+/* seg (already off the list) is about to be unmapped. If exactly one
+   segment still shares its entries, that one gets them back. */
+static void fastmap_leave(struct gs_segment *seg)
+{
+    if (seg->fastmapped) {
+        fastmap_mirror(seg, false);
+        return;
+    }
+    struct gs_segment *last = NULL;
+    unsigned sharing = 0;
+    for (struct gs_segment *o = segment_list; o; o = o->next)
+        if (fastmap_alias(o, seg)) {
+            last = o;
+            sharing++;
+        }
+    if (sharing == 1)
+        fastmap_mirror(last, true);
+}
+
+static void set_slot_locked(struct gs_segment *seg, unsigned slot, struct gs_slab *s)
+{
+    seg->slot_slab[slot] = s;
+    if (seg->fastmapped)
+        fastmap_write(seg, slot, s);
+}
+
+/* ---------------------------------------------------------- segments */
+
 static struct gs_segment *segment_new_locked(void)
 {
     /* Map without the lock held would allow two threads to map at once;
@@ -75,7 +152,8 @@ static struct gs_segment *segment_new_locked(void)
     seg->free_slots = ALL_SLABS;
     seg->dirty_slots = 0;
     for (unsigned i = 0; i < GS_SLOTS; i++)
-        seg->slot_slab[i] = &unused_slab;
+        seg->slot_slab[i] = &gsi_unused_slab;
+    fastmap_join(seg);
     seg->next = segment_list;
     seg->prev = NULL;
     if (segment_list)
@@ -95,6 +173,7 @@ static void segment_free_locked(struct gs_segment *seg)
     if (seg->next)
         seg->next->prev = seg->prev;
     __atomic_store_n(&segment_count, segment_count - 1, __ATOMIC_RELAXED);
+    fastmap_leave(seg);
     gsi_map_clear(seg, GS_SEGMENT_SIZE);
     gsi_os_unmap(seg, GS_SEGMENT_SIZE);
 }
@@ -189,14 +268,14 @@ static struct gs_slab *reuse_ready_locked(struct gs_slab *s)
     s->kept_empty = false;
     s->cache = NULL;
     s->wait_cookie = 0;
-    atomic_store_explicit(&s->owner_heap, NULL, memory_order_relaxed);
+    atomic_store_explicit(&s->owner_key, 0, memory_order_relaxed);
     atomic_store_explicit(&s->xstate, GS_X_MAKE(0, GS_LINK_END, 0), memory_order_relaxed);
     for (int i = 0; i < GS_PENDING_CHAINS; i++)
         atomic_store_explicit(&s->pending[i], GS_P_MAKE(0, GS_LINK_END & 0xFFF, 0),
                               memory_order_relaxed);
     s->kind = GS_SLAB_SMALL;
     for (unsigned i = 0; i < s->span; i++)
-        seg->slot_slab[first + i] = s;
+        set_slot_locked(seg, first + i, s);
     return s;
 }
 
@@ -240,7 +319,7 @@ struct gs_slab *gsi_slab_new(unsigned cls)
     gsi_slab_format(s, (char *)found + (size_t)first * GS_SLOT_SIZE, cls);
     s->kind = GS_SLAB_SMALL;
     for (unsigned i = 0; i < span; i++)
-        found->slot_slab[first + i] = s;
+        set_slot_locked(found, (unsigned)first + i, s);
     uint64_t now = 0;
     if (dirty_bytes && (now = gsi_now_ns()) - last_purge_ns >
                            (uint64_t)gsi_option(GSI_OPT_PURGE_DELAY_MS) * 1000000ull)
@@ -255,11 +334,13 @@ void gsi_slab_retire(struct gs_slab *s)
     unsigned first = (unsigned)(s - seg->slabs);
     uint64_t mask = run_mask(first, s->span);
     uint64_t now = gsi_now_ns();
+    /* No thread's fast path may match it any more (its owner calls this). */
+    atomic_store_explicit(&s->owner_key, 0, memory_order_relaxed);
     pthread_mutex_lock(&segment_lock);
     GS_ASSERT(s->kind == GS_SLAB_SMALL);
     s->kind = GS_SLAB_UNUSED;
     for (unsigned i = 0; i < s->span; i++) {
-        seg->slot_slab[first + i] = &unused_slab;
+        set_slot_locked(seg, first + i, &gsi_unused_slab);
         seg->dirty_since[first + i] = now;
     }
     seg->free_slots |= mask;

@@ -57,7 +57,7 @@ void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
     gsi_link_store(s, ci->capacity, GS_LINK_INVALID);
     /* memcheck: no object is addressable until it is handed out. */
     GS_VG_NOACCESS(s->start, (size_t)ci->capacity * ci->size);
-    atomic_store_explicit(&s->owner_heap, NULL, memory_order_relaxed);
+    atomic_store_explicit(&s->owner_key, 0, memory_order_relaxed);
     atomic_store_explicit(&s->xstate, GS_X_MAKE(0, GS_LINK_END, 0), memory_order_relaxed);
     for (int i = 0; i < GS_PENDING_CHAINS; i++)
         atomic_store_explicit(&s->pending[i], GS_P_MAKE(0, GS_LINK_END & 0xFFF, 0),
@@ -152,7 +152,7 @@ bool gsi_slab_adopt(struct gs_heap *h, struct gs_slab *s)
         &s->xstate, &x, GS_X_MAKE(h->id, GS_X_HEAD(x), GS_X_COUNT(x)), memory_order_acquire,
         memory_order_relaxed));
     /* Only compared against by the fast path of the thread owning h. */
-    atomic_store_explicit(&s->owner_heap, h, memory_order_relaxed);
+    atomic_store_explicit(&s->owner_key, h->key, memory_order_relaxed);
     return true;
 }
 
@@ -160,7 +160,7 @@ bool gsi_slab_release(struct gs_heap *h, struct gs_slab *s)
 {
     /* Clear the mirror first: once the CAS below succeeds, an adopter may
        store its own heap there, and ours must not overwrite it. */
-    atomic_store_explicit(&s->owner_heap, NULL, memory_order_relaxed);
+    atomic_store_explicit(&s->owner_key, 0, memory_order_relaxed);
     uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
     GS_ASSERT(GS_X_OWNER(x) == h->id);
     /* Release pairs with the acquire CAS of the next adopter. Fails when a
@@ -169,7 +169,7 @@ bool gsi_slab_release(struct gs_heap *h, struct gs_slab *s)
         atomic_compare_exchange_strong_explicit(&s->xstate, &x, GS_X_MAKE(0, GS_LINK_END, 0),
                                                 memory_order_release, memory_order_relaxed))
         return true;
-    atomic_store_explicit(&s->owner_heap, h, memory_order_relaxed);
+    atomic_store_explicit(&s->owner_key, h->key, memory_order_relaxed);
     return false;
 }
 
@@ -188,7 +188,7 @@ static void push_remote_chain(struct gs_heap *h, struct gs_slab *s, uint32_t hea
                     &s->xstate, &x, GS_X_MAKE(h->id, head, GS_X_COUNT(x) + n),
                     memory_order_acquire, memory_order_relaxed))
                 continue;
-            atomic_store_explicit(&s->owner_heap, h, memory_order_relaxed);
+            atomic_store_explicit(&s->owner_key, h->key, memory_order_relaxed);
             gsi_heap_take_adopted(h, s); /* collects the chain: used -= n */
             if (s->used == 0)
                 gsi_heap_slab_empty(h, s);
@@ -270,7 +270,7 @@ void gsi_slab_free_remote(struct gs_heap *h, struct gs_slab *s, uint32_t idx, co
                     &s->xstate, &x, GS_X_MAKE(h->id, GS_X_HEAD(x), GS_X_COUNT(x)),
                     memory_order_acquire, memory_order_relaxed))
                 continue;
-            atomic_store_explicit(&s->owner_heap, h, memory_order_relaxed);
+            atomic_store_explicit(&s->owner_key, h->key, memory_order_relaxed);
             if (marked)
                 gsi_link_store(s, idx, GS_LINK_ALLOCATED); /* we own it now */
             gsi_heap_take_adopted(h, s);

@@ -228,7 +228,7 @@ Test(slab, exhausted_slab_released_and_adopted_by_free)
     free(ptrs[0]);
     struct gs_heap *me = gsi_tls_heap;
     cr_assert_eq(GS_X_OWNER(atomic_load(&s->xstate)), me->id, "free did not adopt the slab");
-    cr_assert_eq(atomic_load(&s->owner_heap), me);
+    cr_assert_eq(atomic_load(&s->owner_key), me->key);
     cr_assert_eq(s->used, e.n - 1);
     for (uint32_t i = 1; i < e.n; i++)
         free(ptrs[i]);
