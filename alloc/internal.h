@@ -346,6 +346,8 @@ void gsi_segments_lock(void);
 void gsi_segments_unlock(void);
 void gsi_segments_atfork_child(void);
 size_t gsi_segments_count(void);
+/* Copies up to max live segments to out (tests); returns how many live. */
+size_t gsi_segments_list(struct gs_segment **out, size_t max);
 size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */
 
 /* The fast map: the free fast path's way from a pointer to its slab

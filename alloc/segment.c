@@ -370,6 +370,17 @@ void gsi_segments_foreach(void (*fn)(struct gs_slab *, void *), void *arg)
     pthread_mutex_unlock(&segment_lock);
 }
 
+size_t gsi_segments_list(struct gs_segment **out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&segment_lock);
+    for (struct gs_segment *seg = segment_list; seg; seg = seg->next, n++)
+        if (n < max)
+            out[n] = seg;
+    pthread_mutex_unlock(&segment_lock);
+    return n;
+}
+
 size_t gsi_segments_count(void)
 {
     return __atomic_load_n(&segment_count, __ATOMIC_RELAXED);

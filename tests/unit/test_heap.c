@@ -306,3 +306,86 @@ Test(heap, fork_abandons_other_threads_heaps)
     cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0,
               "child status %#x (10: other heaps still live), stderr: %s", c.status, c.err);
 }
+
+/* ------------------------------------------------------------ owner keys */
+
+/* A thread's heap is keyed by its thread pointer, and so are the slabs it
+   owns: what the free fast path compares with %fs:0. */
+static void *record_key(void *arg)
+{
+    uintptr_t *out = arg;
+    void *p = malloc(48);
+    out[0] = gsi_tls_mine->key;
+    out[1] = (uintptr_t)__builtin_thread_pointer();
+    out[2] = atomic_load(&gsi_slab_of(p)->owner_key);
+    free(p);
+    return NULL;
+}
+
+Test(heap, keyed_by_thread_pointer)
+{
+    uintptr_t k[3];
+    record_key(k);
+    cr_assert_eq(k[0], k[1], "main heap key %#lx, thread pointer %#lx", k[0], k[1]);
+    cr_assert_eq(k[2], k[1], "slab owner key %#lx", k[2]);
+    run_thread(record_key, k);
+    cr_assert_eq(k[0], k[1], "thread heap key %#lx, thread pointer %#lx", k[0], k[1]);
+    cr_assert_eq(k[2], k[1], "slab owner key %#lx", k[2]);
+}
+
+/* A destructor that runs after graceslab's (a later pthread key) allocates:
+   the heap made then may outlive the thread, so it must not carry the
+   thread pointer (a later thread given the same thread pointer would take
+   its slabs for its own), and graceslab's destructor, run again by glibc,
+   abandons it. The block is then freed by another thread whose thread
+   pointer is most likely the dead one's (glibc reuses stacks). */
+static pthread_key_t late_key;
+static void *late_block;
+static uintptr_t late_heap_key, late_thread_ptr;
+
+static void late_destructor(void *arg)
+{
+    (void)arg;
+    late_block = malloc(64);
+    memset(late_block, 0x5a, 64);
+    late_heap_key = gsi_tls_mine->key;
+    late_thread_ptr = (uintptr_t)__builtin_thread_pointer();
+}
+
+static void *start_late(void *arg)
+{
+    free(malloc(64)); /* a heap, so graceslab's destructor has work */
+    pthread_setspecific(late_key, arg);
+    return NULL;
+}
+
+static void *free_late(void *arg)
+{
+    uintptr_t *same = arg;
+    *same = (uintptr_t)__builtin_thread_pointer() == late_thread_ptr;
+    for (int i = 0; i < 64; i++)
+        cr_assert_eq(((unsigned char *)late_block)[i], 0x5a);
+    free(late_block);
+    void *again[64];
+    for (int i = 0; i < 64; i++)
+        again[i] = malloc(64);
+    for (int i = 0; i < 64; i++)
+        free(again[i]);
+    return NULL;
+}
+
+Test(heap, heap_made_by_exiting_thread_not_keyed_by_it)
+{
+    free(malloc(1)); /* graceslab initialised: its key is older than late_key */
+    cr_assert_eq(pthread_key_create(&late_key, late_destructor), 0);
+    run_thread(start_late, (void *)1);
+    cr_assert_not_null(late_block);
+    cr_assert_neq(late_heap_key, late_thread_ptr, "late heap keyed by the exiting thread");
+    cr_assert_neq(late_heap_key, 0);
+    struct gs_slab *s = gsi_slab_of(late_block);
+    cr_assert_eq(atomic_load(&s->owner_key), 0, "late heap not abandoned (owner key %#lx)",
+                 atomic_load(&s->owner_key));
+    uintptr_t same = 0;
+    run_thread(free_late, &same);
+    cr_log_info("freeing thread had the exited thread's pointer: %s", same ? "yes" : "no");
+}

@@ -1,0 +1,175 @@
+/*
+ * The free fast path's fast map (alloc/segment.c, gsi_slab_hint): every
+ * live segment whose entries no other live segment shares has them, and
+ * they name the right slab; segments that share entries (addresses a
+ * multiple of the map's span apart) have none, and their blocks still
+ * free correctly through the slow path; unmapped segments leave no entry.
+ * Linked with the static archive; built twice: with the real map (span
+ * 256 GiB, so sharing does not happen here) and with GS_FASTMAP_BITS=8
+ * (span 16 MiB: every fourth segment shares), test_fastmap_alias.
+ */
+#include <criterion/criterion.h>
+
+#include "alloc/internal.h"
+#include "../common.h"
+
+#include <stdlib.h>
+
+#define SPAN ((uintptr_t)1 << (GS_FASTMAP_BITS + GS_SLOT_SHIFT))
+#define MAX_SEGS 4096
+
+static struct gs_segment *segs[MAX_SEGS];
+
+static struct gs_segment *segment_of(const void *p)
+{
+    return (struct gs_segment *)((uintptr_t)p & ~GS_SEGMENT_MASK);
+}
+
+static bool shares(const struct gs_segment *a, const struct gs_segment *b)
+{
+    return ((uintptr_t)a - (uintptr_t)b) % SPAN == 0;
+}
+
+static struct gs_slab *entry(const struct gs_segment *seg, unsigned slot)
+{
+    return gsi_slab_hint((const char *)seg + (size_t)slot * GS_SLOT_SIZE);
+}
+
+/* The invariant over all live segments; returns how many share entries. */
+static size_t check_fastmap(void)
+{
+    size_t n = gsi_segments_list(segs, MAX_SEGS);
+    cr_assert_leq(n, MAX_SEGS);
+    size_t sharing = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool alone = true;
+        for (size_t j = 0; j < n; j++)
+            if (j != i && shares(segs[i], segs[j]))
+                alone = false;
+        cr_assert_eq(segs[i]->fastmapped, alone,
+                     "segment %p: fastmapped %d, but %s", (void *)segs[i],
+                     segs[i]->fastmapped, alone ? "no other segment shares its entries"
+                                                : "another segment shares its entries");
+        if (!alone) {
+            sharing++;
+            /* Entries of shared slots belong to nobody. */
+            for (unsigned s = 0; s < GS_SLOTS; s++)
+                cr_assert_eq(entry(segs[i], s), &gsi_unused_slab);
+            continue;
+        }
+        for (unsigned s = 0; s < GS_SLOTS; s++)
+            cr_assert_eq(entry(segs[i], s), segs[i]->slot_slab[s],
+                         "segment %p slot %u: entry not its slab", (void *)segs[i], s);
+    }
+    return sharing;
+}
+
+enum { N = 9000, SIZE = 16384 }; /* about 150 MiB: some 37 segments */
+static void *blocks[N];
+
+static void fill(size_t from, size_t to)
+{
+    for (size_t i = from; i < to; i++) {
+        blocks[i] = malloc(SIZE);
+        cr_assert_not_null(blocks[i]);
+        memset(blocks[i], (int)(i & 0xff), SIZE);
+    }
+}
+
+static void release(size_t from, size_t to, size_t step)
+{
+    for (size_t i = from; i < to; i += step) {
+        cr_assert_eq(((unsigned char *)blocks[i])[SIZE - 1], (unsigned char)(i & 0xff));
+        free(blocks[i]);
+        blocks[i] = NULL;
+    }
+}
+
+Test(fastmap, entries_name_the_slab_of_every_live_block)
+{
+    gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 0);
+    fill(0, N);
+    size_t sharing = check_fastmap();
+    for (size_t i = 0; i < N; i++) {
+        struct gs_segment *seg = segment_of(blocks[i]);
+        if (seg->fastmapped)
+            cr_assert_eq(gsi_slab_hint(blocks[i]), gsi_slab_of(blocks[i]));
+        else
+            cr_assert_neq(gsi_slab_hint(blocks[i]), gsi_slab_of(blocks[i]));
+    }
+#if GS_FASTMAP_BITS < 16
+    /* 16 MiB span and some 37 segments: sharing must have happened, or
+       this build tests nothing. */
+    cr_assert_gt(sharing, 0, "no two segments share entries");
+#else
+    cr_assert_eq(sharing, 0, "segments 256 GiB apart in a 150 MiB heap");
+#endif
+    release(0, N, 1);
+}
+
+/* Segments come and go (every other block freed, then the rest, with forced
+   purges that unmap empty segments, then refilled): the invariant holds at
+   every step, blocks of segments without entries are freed correctly, and
+   an unmapped segment leaves no entry behind unless a live one owns it. */
+Test(fastmap, segments_join_and_leave)
+{
+    gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 0);
+    for (int round = 0; round < 3; round++) {
+        fill(0, N);
+        check_fastmap();
+        release(0, N, 2);
+        gsi_segments_purge(true);
+        check_fastmap();
+        size_t before = gsi_segments_list(segs, MAX_SEGS);
+        static struct gs_segment *old[MAX_SEGS];
+        memcpy(old, segs, before * sizeof *old);
+        release(1, N, 2);
+        gsi_segments_purge(true);
+        check_fastmap();
+        size_t after = gsi_segments_list(segs, MAX_SEGS);
+        cr_assert_lt(after, before, "no segment was unmapped");
+        for (size_t i = 0; i < before; i++) {
+            bool live = false, owned = false;
+            for (size_t j = 0; j < after; j++) {
+                live |= segs[j] == old[i];
+                owned |= shares(segs[j], old[i]) && segs[j]->fastmapped;
+            }
+            if (live || owned)
+                continue;
+            for (unsigned s = 0; s < GS_SLOTS; s++)
+                cr_assert_eq(entry(old[i], s), &gsi_unused_slab,
+                             "unmapped segment %p slot %u still has an entry",
+                             (void *)old[i], s);
+        }
+    }
+}
+
+/* An address a multiple of the span away from a live block reads the
+   block's own entry: free must not free the block it aliases. The exact
+   index fails, and the slow path reports the pointer as foreign. */
+static void free_alias(void *arg)
+{
+    (void)arg;
+    char *p = malloc(64);
+    char *q = NULL;
+    for (uintptr_t k = 1; k < 4096 && !q; k++)
+        if (gsi_map_kind((uintptr_t)p - k * SPAN) == 0)
+            q = p - k * SPAN; /* foreign memory (normally not even mapped) */
+    if (!q || gsi_slab_hint(q) != gsi_slab_hint(p) || gsi_slab_hint(p) != gsi_slab_of(p))
+        gst_child_fail("no foreign alias of %p that reads its entry", (void *)p);
+    gst_child_report_ptr(q);
+    free(q);
+    gst_child_fail("free(%p) returned", (void *)q);
+}
+
+Test(fastmap, aliased_foreign_pointer_rejected)
+{
+    struct gst_child c;
+    void *ptr;
+    char why[4300];
+    const char *calls[] = {"free", NULL};
+    cr_assert(gst_run_child_ptr(free_alias, NULL, &c, &ptr), "fork failed");
+    cr_assert_not_null(ptr, "child did not report its pointer; stderr: \"%s\"", c.err);
+    cr_assert(gst_fatal_line_ok(&c, calls, ptr, why, sizeof why), "%s", why);
+    cr_assert(strstr(c.err, "not allocated by graceslab"), "%s", c.err);
+}
