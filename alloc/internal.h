@@ -298,21 +298,6 @@ extern _Atomic uint8_t gsi_segmap[(size_t)1 << (GS_ADDR_BITS - GS_SEGMENT_SHIFT)
 #define GS_MAP_LARGE 2
 #define GS_MAP_FAR   255
 
-/* Fast-path lookup without the canonical-address check: the unit index is
-   the address bits 22..46, so a non-canonical pointer aliases some unit.
-   Everything after it uses the unit, never the raw pointer, to find
-   metadata: the aliased segment's slab is found, and the pointer's offset
-   from its start (at least 2^47 - 2^22) makes gsi_slab_index() reject it;
-   the slow path (which uses gsi_map_kind) reports it. */
-GS_INLINE uintptr_t gsi_map_unit(uintptr_t a)
-{
-    return (a >> GS_SEGMENT_SHIFT) & (((uintptr_t)1 << (GS_ADDR_BITS - GS_SEGMENT_SHIFT)) - 1);
-}
-GS_INLINE unsigned gsi_map_kind_at(uintptr_t unit)
-{
-    return atomic_load_explicit(&gsi_segmap[unit], memory_order_relaxed);
-}
-
 GS_INLINE unsigned gsi_map_kind(uintptr_t a)
 {
     if (GS_UNLIKELY(a >> GS_ADDR_BITS))
@@ -377,16 +362,12 @@ GS_INLINE struct gs_slab *gsi_slab_hint(const void *p)
                               atomic_load_explicit(&gsi_fastmap[i], memory_order_relaxed));
 }
 
-/* The slab metadata for p, whose map unit (gsi_map_unit) is a segment. */
-GS_INLINE struct gs_slab *gsi_slab_in_unit(uintptr_t unit, const void *p)
-{
-    struct gs_segment *seg = (struct gs_segment *)(unit << GS_SEGMENT_SHIFT);
-    return seg->slot_slab[((uintptr_t)p >> GS_SLOT_SHIFT) & (GS_SLOTS - 1)];
-}
-/* The slab metadata for p, which is in a segment. */
+/* The slab metadata for p, which gsi_map_kind() says is in a segment (the
+   slow paths' way; the free fast path uses gsi_slab_hint). */
 GS_INLINE struct gs_slab *gsi_slab_of(const void *p)
 {
-    return gsi_slab_in_unit(gsi_map_unit((uintptr_t)p), p);
+    struct gs_segment *seg = (struct gs_segment *)((uintptr_t)p & ~GS_SEGMENT_MASK);
+    return seg->slot_slab[((uintptr_t)p >> GS_SLOT_SHIFT) & (GS_SLOTS - 1)];
 }
 
 /* ---------------------------------------------------------------------
