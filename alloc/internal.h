@@ -331,6 +331,11 @@ void gsi_segments_lock(void);
 void gsi_segments_unlock(void);
 void gsi_segments_atfork_child(void);
 size_t gsi_segments_count(void);
+/* A live large block whose user pointer is user: while it lives, no
+   segment owns the fast-map entry a free of it reads (segment.c). Called
+   when the pointer is handed out and when it stops being live. */
+void gsi_fastmap_hold(const void *user);
+void gsi_fastmap_release(const void *user);
 /* Copies up to max live segments to out (tests); returns how many live. */
 size_t gsi_segments_list(struct gs_segment **out, size_t max);
 size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */

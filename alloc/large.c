@@ -165,6 +165,7 @@ void *gsi_large_alloc(size_t size, size_t align, bool zero)
     atomic_store_explicit(&b->state, GS_LARGE_LIVE, memory_order_relaxed);
     b->magic = GS_LARGE_MAGIC;
     atomic_fetch_add_explicit(&gsi_large_live_bytes, b->usable, memory_order_relaxed);
+    gsi_fastmap_hold(b->user);
     if (zero && !fresh)
         memset(b->user, 0, size);
     GS_VG_ALLOC(b->user, size, fresh);
@@ -204,6 +205,7 @@ void gsi_large_free(struct gs_large *b, const char *call)
     if (atomic_load_explicit(&b->state, memory_order_relaxed) != GS_LARGE_LIVE)
         gsi_fatal(call, "object already freed with gs_free_rcu(), pending a grace period:", b->user);
     b->magic = 0;
+    gsi_fastmap_release(b->user);
     atomic_fetch_sub_explicit(&gsi_large_live_bytes, b->usable, memory_order_relaxed);
     size_t limit = (size_t)gsi_option(GSI_OPT_LARGE_CACHE_MB) << 20;
     if (b->map_len > limit / 2) {
@@ -282,10 +284,15 @@ void *gsi_large_realloc(struct gs_large *b, size_t size)
         return NULL;
     }
     size_t len = (off + size + GS_PAGE - 1) & ~(size_t)(GS_PAGE - 1);
+    void *old_user = b->user;
     struct gs_large *nb = block_resize(b, len);
     if (!nb) {
         errno = ENOMEM;
         return NULL;
+    }
+    if (nb->user != old_user) { /* moved: its fast-map class may differ */
+        gsi_fastmap_hold(nb->user);
+        gsi_fastmap_release(old_user);
     }
     return nb->user;
 }

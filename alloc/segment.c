@@ -73,13 +73,6 @@ static size_t fastmap_index(const struct gs_segment *seg, unsigned slot)
     return (((uintptr_t)seg >> GS_SLOT_SHIFT) + slot) & (((size_t)1 << GS_FASTMAP_BITS) - 1);
 }
 
-/* Segments whose slots share fast-map entries: addresses equal modulo the
-   map's span. */
-static bool fastmap_alias(const struct gs_segment *a, const struct gs_segment *b)
-{
-    return fastmap_index(a, 0) == fastmap_index(b, 0);
-}
-
 /* Relaxed stores: a reader (free) that sees an old entry only takes the
    slow path; what makes a valid free see its slab is happens-before: the
    entry is written under segment_lock before the slab is handed out, and
@@ -97,39 +90,104 @@ static void fastmap_mirror(struct gs_segment *seg, bool on)
         fastmap_write(seg, i, on ? seg->slot_slab[i] : &gsi_unused_slab);
 }
 
-/* A new segment owns its fast-map entries unless another live segment
-   shares them; then neither does (the other is dropped, so that no reader
-   can hold an entry naming a segment that is later unmapped while a
-   segment it was a valid entry for lives on). */
-static void fastmap_join(struct gs_segment *seg)
+/* Sharing. 4 MiB units whose addresses are equal modulo the map's span
+   (256 GiB) share entries: they form one class. Its participants are the
+   live segments in it and the live large blocks whose user pointer lies
+   past their mapping's first slot (a free of such a block reads the entry
+   of a slot that a segment of the class may own; a block starting in slot
+   0 reads a slot-0 entry, which every segment leaves 0). A segment owns the
+   class's entries only while it is the class's only participant; with two
+   or more, nobody does, and every participant's frees take the slow path.
+   So an entry a valid free reads names metadata of the free's own segment
+   or the sentinel, never a segment that could be unmapped under it
+   (docs/design.md, section 1). */
+#define FASTMAP_CLASSES ((size_t)1 << (GS_FASTMAP_BITS + GS_SLOT_SHIFT - GS_SEGMENT_SHIFT))
+static uint16_t class_users[FASTMAP_CLASSES]; /* participants (segment_lock) */
+
+static size_t fastmap_class(const void *unit)
 {
-    for (struct gs_segment *o = segment_list; o; o = o->next)
-        if (o != seg && fastmap_alias(o, seg)) {
-            if (o->fastmapped)
-                fastmap_mirror(o, false);
-            seg->fastmapped = false;
-            return;
-        }
-    fastmap_mirror(seg, true);
+    return ((uintptr_t)unit >> GS_SEGMENT_SHIFT) & (FASTMAP_CLASSES - 1);
 }
 
-/* seg (already off the list) is about to be unmapped. If exactly one
-   segment still shares its entries, that one gets them back. */
+/* The segment of class c that owns the entries, if any. */
+static struct gs_segment *class_owner(size_t c)
+{
+    for (struct gs_segment *o = segment_list; o; o = o->next)
+        if (o->fastmapped && fastmap_class(o) == c)
+            return o;
+    return NULL;
+}
+
+/* A participant joins class c (segment_lock): the class had one, whose
+   entries, if it is a segment, are dropped. */
+static void class_join(size_t c)
+{
+    if (class_users[c]++ == 1) {
+        struct gs_segment *o = class_owner(c);
+        if (o)
+            fastmap_mirror(o, false);
+    }
+}
+
+/* A participant (not owning the entries) left class c: if one is left and
+   it is a segment, it gets them. */
+static void class_leave(size_t c)
+{
+    if (--class_users[c] != 1)
+        return;
+    for (struct gs_segment *o = segment_list; o; o = o->next)
+        if (fastmap_class(o) == c) {
+            fastmap_mirror(o, true);
+            return;
+        }
+}
+
+/* A new segment, not yet on the list. */
+static void fastmap_join(struct gs_segment *seg)
+{
+    size_t c = fastmap_class(seg);
+    if (class_users[c] == 0) {
+        class_users[c] = 1;
+        fastmap_mirror(seg, true);
+    } else {
+        seg->fastmapped = false;
+        class_join(c);
+    }
+}
+
+/* A segment about to be unmapped, already off the list. */
 static void fastmap_leave(struct gs_segment *seg)
 {
+    size_t c = fastmap_class(seg);
     if (seg->fastmapped) {
         fastmap_mirror(seg, false);
+        class_users[c]--;
         return;
     }
-    struct gs_segment *last = NULL;
-    unsigned sharing = 0;
-    for (struct gs_segment *o = segment_list; o; o = o->next)
-        if (fastmap_alias(o, seg)) {
-            last = o;
-            sharing++;
-        }
-    if (sharing == 1)
-        fastmap_mirror(last, true);
+    class_leave(c);
+}
+
+static bool large_participates(const void *user)
+{
+    return ((uintptr_t)user & GS_SEGMENT_MASK) >= GS_SLOT_SIZE;
+}
+
+void gsi_fastmap_hold(const void *user)
+{
+    if (!large_participates(user))
+        return;
+    pthread_mutex_lock(&segment_lock);
+    class_join(fastmap_class(user));
+    pthread_mutex_unlock(&segment_lock);
+}
+
+void gsi_fastmap_release(const void *user)
+{
+    if (!large_participates(user))
+        return;
+    pthread_mutex_lock(&segment_lock);
+    class_leave(fastmap_class(user));
+    pthread_mutex_unlock(&segment_lock);
 }
 
 static void set_slot_locked(struct gs_segment *seg, unsigned slot, struct gs_slab *s)

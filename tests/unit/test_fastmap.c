@@ -144,6 +144,54 @@ Test(fastmap, segments_join_and_leave)
     }
 }
 
+/* A large block aligned to 64 KiB or more has its user pointer past its
+   mapping's first slot, where a segment of the same class could own the
+   entry (and be unmapped while the block is freed): while the block lives,
+   no segment of its class owns entries, and its entry names the sentinel.
+   When it goes, the invariant comes back. Also after realloc moves it. */
+static struct gs_segment *class_owner(const void *unit)
+{
+    size_t n = gsi_segments_list(segs, MAX_SEGS);
+    for (size_t j = 0; j < n; j++)
+        if (shares(segs[j], unit) && segs[j]->fastmapped)
+            return segs[j];
+    return NULL;
+}
+
+Test(fastmap, aligned_large_blocks_own_no_entry)
+{
+    gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 0);
+    fill(0, 300); /* a few segments: classes with one segment each */
+    check_fastmap();
+    enum { K = 32 };
+    void *big[K];
+    size_t taken = 0; /* blocks that joined a class a segment owned */
+    for (int i = 0; i < K; i++) {
+        size_t align = (size_t)65536 << (i % 4);
+        cr_assert_eq(posix_memalign(&big[i], align, 100000 + (size_t)i * 4096), 0);
+        if (i % 2) { /* grow it far: realloc moves it */
+            void *q = realloc(big[i], (size_t)64 << 20);
+            cr_assert_not_null(q);
+            big[i] = q;
+        }
+        cr_assert_geq((uintptr_t)big[i] & GS_SEGMENT_MASK, GS_SLOT_SIZE);
+        cr_assert_eq(gsi_slab_hint(big[i]), &gsi_unused_slab,
+                     "large block %p: its entry names a slab", big[i]);
+        cr_assert_null(class_owner(segment_of(big[i])),
+                       "a segment owns the entries of live large block %p", big[i]);
+        size_t n = gsi_segments_list(segs, MAX_SEGS);
+        for (size_t j = 0; j < n; j++)
+            taken += shares(segs[j], segment_of(big[i]));
+    }
+#if GS_FASTMAP_BITS < 16
+    cr_assert_gt(taken, 0, "no large block shares a class with a segment");
+#endif
+    for (int i = 0; i < K; i++)
+        free(big[i]);
+    check_fastmap();
+    release(0, 300, 1);
+}
+
 /* An address a multiple of the span away from a live block reads the
    block's own entry: free must not free the block it aliases. The exact
    index fails, and the slow path reports the pointer as foreign. */
