@@ -39,6 +39,10 @@ __thread struct gs_heap *gsi_tls_mine = &gsi_empty_heap;
    makes after that (a later destructor's malloc) may outlive it, so it
    is keyed by its address, not by the thread pointer. */
 static __thread bool tls_exiting;
+/* heap_key exists, so a heap can be registered for abandonment at thread
+   exit. Written once in the initialisation; read after gsi_heap_init_once
+   (whose acquire pairs with the initialisation's release). */
+static bool key_ready;
 bool gsi_valgrind;
 
 static pthread_mutex_t heap_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -249,7 +253,7 @@ void gsi_heap_init_once(void)
         gsi_valgrind = GS_VG_RUNNING() && gsi_option(GSI_OPT_VALGRIND) != 0;
         for (unsigned c = 0; c < GS_NCLASSES; c++)
             pthread_mutex_init(&orphans[c].lock, NULL);
-        pthread_key_create(&heap_key, thread_exit);
+        key_ready = pthread_key_create(&heap_key, thread_exit) == 0;
         pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
         in_init = false;
         /* Release pairs with the acquire load above: classes and locks are
@@ -257,6 +261,43 @@ void gsi_heap_init_once(void)
         atomic_store_explicit(&init_state, 2, memory_order_release);
     }
     pthread_mutex_unlock(&init_lock);
+}
+
+/* Live heaps keyed by this thread's thread pointer other than its own heap
+   belonged to a thread that exited without abandoning them (a heap made in
+   the last round of thread-specific destructors, or whose registration
+   failed): a thread pointer names one running thread, and glibc handed it
+   on to this one. Nobody else acts for such a heap, so this thread
+   abandons it, as a fork child abandons the heaps of the threads it lost
+   (and until then, its fast-path frees into their slabs are the owner's
+   frees they look like). */
+static void abandon_dead_heaps(void)
+{
+    uintptr_t key = gsi_thread_key();
+    for (;;) {
+        struct gs_heap *dead = NULL;
+        pthread_mutex_lock(&heap_lock);
+        for (struct gs_heap *h = heap_all; h && !dead; h = h->next_all)
+            if (h->live && h->key == key && h != gsi_tls_mine)
+                dead = h;
+        pthread_mutex_unlock(&heap_lock);
+        if (!dead)
+            return;
+        heap_abandon(dead);
+    }
+}
+
+void gsi_heap_free_emptied(struct gs_slab *s)
+{
+    struct gs_heap *h = gsi_tls_mine;
+    uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
+    if (GS_LIKELY(GS_X_OWNER(x) == h->id && h != &gsi_empty_heap)) {
+        gsi_heap_slab_empty(h, s);
+        return;
+    }
+    /* s matched this thread's key but another heap owns it: a dead
+       thread's heap (see above). Abandoning that heap settles s too. */
+    abandon_dead_heaps();
 }
 
 struct gs_heap *gsi_heap_get(void)
@@ -269,22 +310,26 @@ struct gs_heap *gsi_heap_get(void)
        pthread_atfork): that one is the thread's heap, not a second one. */
     h = gsi_tls_mine;
     if (h == &gsi_empty_heap) {
+        /* The key is decided before the heap owns anything: the thread
+           pointer only if thread_exit will abandon the heap (registered,
+           and the thread is not already past that); see gs_heap.key. */
+        bool by_thread = key_ready && !tls_exiting && !gsi_valgrind;
         pthread_mutex_lock(&heap_lock);
         h = heap_create_locked();
-        if (h)
+        if (h) {
             h->live = true;
+            if (by_thread)
+                h->key = gsi_thread_key();
+        }
         pthread_mutex_unlock(&heap_lock);
         if (!h)
             return NULL;
-        if (!gsi_valgrind && !tls_exiting)
-            h->key = gsi_thread_key();
         gsi_tls_mine = h;
         gsi_tls_heap = gsi_valgrind ? &gsi_empty_heap : h;
+        if (by_thread)
+            abandon_dead_heaps();
     }
-    /* Registered once the key exists (not during the initialisation):
-       thread_exit then abandons the heap. */
-    if (atomic_load_explicit(&init_state, memory_order_acquire) == 2 &&
-        pthread_getspecific(heap_key) != h)
+    if (key_ready && pthread_getspecific(heap_key) != h)
         pthread_setspecific(heap_key, h);
     return h;
 }
@@ -603,6 +648,51 @@ static void heap_abandon(struct gs_heap *h)
 
 /* ------------------------------------------------------------------- fork */
 
+static struct gs_heap *heap_by_id(uint32_t id)
+{
+    for (struct gs_heap *h = heap_all; h; h = h->next_all)
+        if (h->id == id)
+            return h;
+    return NULL;
+}
+
+/* Fork child: slabs still owned by a heap it abandoned (h->lost) are the
+   ones a lost thread had taken but not yet put on a list — fork came
+   between an adoption CAS and the list (the adopter waits for an orphan
+   lock that atfork_prepare holds), so abandoning the heap did not see
+   them. Left as they are, they would stay owned by a pooled heap's id (the
+   next user of that heap struct would find its own id on a slab it does
+   not hold) and keyed by a thread pointer the child may hand to a new
+   thread. Released and listed as orphans, they are ordinary. */
+static void collect_unlisted(struct gs_slab *s, void *arg)
+{
+    struct gs_slab **list = arg;
+    uint32_t id = GS_X_OWNER(atomic_load_explicit(&s->xstate, memory_order_relaxed));
+    struct gs_heap *owner = id ? heap_by_id(id) : NULL;
+    if (owner && owner->lost) {
+        s->next = *list; /* on no heap list: the link is free */
+        *list = s;
+    }
+}
+
+static void rescue_unlisted_slabs(void)
+{
+    struct gs_slab *list = NULL;
+    gsi_segments_foreach(collect_unlisted, &list);
+    while (list) {
+        struct gs_slab *s = list;
+        list = s->next;
+        s->next = NULL;
+        struct gs_heap *owner =
+            heap_by_id(GS_X_OWNER(atomic_load_explicit(&s->xstate, memory_order_relaxed)));
+        s->where = GS_IN_NONE;
+        gsi_slab_collect(s);
+        s->used = gsi_slab_recount(s); /* whatever charge it had */
+        gsi_slab_release(owner, s);    /* no other thread: the chain is empty */
+        gsi_orphan_push(s);
+    }
+}
+
 static void atfork_prepare(void)
 {
     gsi_pending_fork_prepare();
@@ -634,7 +724,12 @@ static void atfork_child(void)
        Abandon them so their free objects can be adopted. */
     struct gs_heap *me = gsi_tls_mine;
     for (struct gs_heap *h = heap_all; h; h = h->next_all)
-        if (h->live && h != me)
+        if (h->live && h != me) {
+            h->lost = true;
             heap_abandon(h);
+        }
+    rescue_unlisted_slabs();
+    for (struct gs_heap *h = heap_all; h; h = h->next_all)
+        h->lost = false;
     gsi_pending_fork_done();
 }

@@ -227,6 +227,7 @@ struct gs_heap {
        for gsi_empty_heap, which owns nothing. */
     uintptr_t key;
     bool live;                                 /* has a thread (heap_lock) */
+    bool lost;                                 /* fork child: abandoned, thread gone */
     struct gs_slab_list partial[GS_NCLASSES];  /* owned, with free objects */
     struct gs_slab_list waiting[GS_NCLASSES];  /* owned, pending objects only */
     size_t empty_bytes;                        /* empty slabs kept on partial lists */
@@ -483,6 +484,8 @@ void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size);
 void gsi_heap_free_local(struct gs_heap *h, struct gs_slab *s, uint32_t idx, const char *call);
 /* The owner's slab just became empty (used == 0). */
 void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s);
+/* The free fast path emptied s, whose owner key is this thread's. */
+void gsi_heap_free_emptied(struct gs_slab *s);
 /* A slab just adopted by h through a free: put it on h's lists. */
 void gsi_heap_take_adopted(struct gs_heap *h, struct gs_slab *s);
 /* Orphan lists: ownerless slabs that still hold free or pending objects. */

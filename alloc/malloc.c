@@ -73,7 +73,7 @@ GS_EXPORT void gs_free(void *p)
             gsi_slab_push(s, (uint32_t)idx, p);
             if (GS_LIKELY(--s->used != 0))
                 return;
-            gsi_heap_slab_empty(gsi_tls_mine, s); /* the heap keyed to me */
+            gsi_heap_free_emptied(s);
             return;
         }
     }

@@ -10,6 +10,8 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <limits.h>
+#include <sys/mman.h>
 
 static void run_thread(void *(*fn)(void *), void *arg)
 {
@@ -388,4 +390,195 @@ Test(heap, heap_made_by_exiting_thread_not_keyed_by_it)
     uintptr_t same = 0;
     run_thread(free_late, &same);
     cr_log_info("freeing thread had the exited thread's pointer: %s", same ? "yes" : "no");
+}
+
+/* A thread that allocates for the first time in the last round of
+   thread-specific destructors: glibc runs no further round, so graceslab's
+   destructor never abandons that heap, which stays live, keyed by the dead
+   thread's pointer. The next thread given that pointer (the same
+   user-supplied stack gives the same one) must not treat it as its own
+   heap: its first heap creation, or a fast-path free that empties one of
+   the dead heap's (non-active) slabs, abandons the dead heap. */
+enum { MAX_DEAD = 8192 };
+static pthread_key_t round_key;
+static void *dead_blocks[MAX_DEAD];
+static size_t dead_n; /* blocks 1..dead_n-1 are the rest of one partial slab */
+static uintptr_t dead_heap_key, dead_tp;
+static struct gs_heap *dead_heap;
+
+static void round_destructor(void *arg)
+{
+    uintptr_t round = (uintptr_t)arg;
+    if (round < PTHREAD_DESTRUCTOR_ITERATIONS) {
+        pthread_setspecific(round_key, (void *)(round + 1));
+        return;
+    }
+    /* Fill one slab (released when full) and start the next; freeing one
+       block of the full one takes it back as a partial slab. */
+    size_t cap = gsi_classes[gsi_size_class(64)].capacity;
+    for (size_t i = 0; i <= cap && i < MAX_DEAD; i++)
+        dead_blocks[i] = malloc(64);
+    free(dead_blocks[0]);
+    dead_n = cap;
+    dead_heap = gsi_tls_mine;
+    dead_heap_key = gsi_tls_mine->key;
+    dead_tp = (uintptr_t)__builtin_thread_pointer();
+}
+
+static void *start_rounds(void *arg)
+{
+    (void)arg;
+    pthread_setspecific(round_key, (void *)1); /* no allocation before the last round */
+    return NULL;
+}
+
+struct after_dead {
+    uintptr_t tp;
+    bool by_malloc; /* make a heap first (else only free) */
+    bool dead_live_after_malloc, dead_live_after;
+};
+
+static void *follow_dead(void *arg)
+{
+    struct after_dead *a = arg;
+    a->tp = (uintptr_t)__builtin_thread_pointer();
+    if (a->by_malloc) {
+        free(malloc(100));
+        a->dead_live_after_malloc = dead_heap->live;
+    }
+    for (size_t i = 1; i < dead_n; i++)
+        free(dead_blocks[i]);
+    a->dead_live_after = dead_heap->live;
+    return NULL;
+}
+
+static void run_on_stack(void *stack, size_t size, void *(*fn)(void *), void *arg)
+{
+    pthread_attr_t attr;
+    pthread_t t;
+    cr_assert_eq(pthread_attr_init(&attr), 0);
+    cr_assert_eq(pthread_attr_setstack(&attr, stack, size), 0);
+    cr_assert_eq(pthread_create(&t, &attr, fn, arg), 0);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    pthread_attr_destroy(&attr);
+}
+
+static void dead_heap_case(bool by_malloc)
+{
+    free(malloc(1));
+    cr_assert_eq(pthread_key_create(&round_key, round_destructor), 0);
+    size_t size = (size_t)1 << 20;
+    void *stack = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(stack, MAP_FAILED);
+    run_on_stack(stack, size, start_rounds, NULL);
+    cr_assert_gt(dead_n, 2);
+    /* The situation this is about: a live heap keyed by a dead thread,
+       owning a partial slab. */
+    cr_assert_eq(dead_heap_key, dead_tp);
+    cr_assert(dead_heap->live, "the last-round heap was abandoned after all");
+    struct gs_slab *s = gsi_slab_of(dead_blocks[1]);
+    for (size_t i = 2; i < dead_n; i++)
+        cr_assert_eq(gsi_slab_of(dead_blocks[i]), s, "blocks not from one slab");
+    cr_assert_eq(atomic_load(&s->owner_key), dead_tp);
+    cr_assert_eq(s->where, GS_IN_PARTIAL);
+    struct after_dead a = {.by_malloc = by_malloc};
+    run_on_stack(stack, size, follow_dead, &a);
+    cr_assert_eq(a.tp, dead_tp, "a thread on the same stack got another thread pointer");
+    cr_assert(!a.dead_live_after_malloc, "the dead thread's heap outlived the new heap");
+    cr_assert(!a.dead_live_after, "the dead thread's heap is still live");
+    cr_assert_neq(atomic_load(&s->owner_key), dead_tp, "a slab still keyed by a dead thread");
+    /* Everything still works. */
+    static void *p[MAX_DEAD];
+    for (size_t i = 0; i < dead_n; i++)
+        cr_assert_not_null(p[i] = malloc(64));
+    for (size_t i = 0; i < dead_n; i++)
+        free(p[i]);
+}
+
+Test(heap, dead_heap_abandoned_by_next_thread_heap)
+{
+    dead_heap_case(true);
+}
+
+Test(heap, dead_heap_abandoned_by_emptying_free)
+{
+    dead_heap_case(false);
+}
+
+/* Fork while a thread holds a slab it adopted but has not listed yet (here
+   it stops right after the adoption): abandoning that thread's heap in the
+   child does not see the slab, so the child releases it (no owner id, no
+   key) and it is an orphan like any other. */
+static void *orphan_blocks[200];
+static pthread_mutex_t adopt_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t adopt_cond = PTHREAD_COND_INITIALIZER;
+static int adopt_stage;
+
+static void *make_orphan(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 200; i++)
+        orphan_blocks[i] = malloc(64);
+    for (int i = 0; i < 200; i += 2)
+        free(orphan_blocks[i]);
+    return NULL; /* exit: the slab (free and allocated objects) is orphaned */
+}
+
+static void *adopt_unlisted(void *arg)
+{
+    struct gs_slab *s = arg;
+    struct gs_heap *h = gsi_heap_get();
+    bool ok = gsi_slab_adopt(h, s);
+    pthread_mutex_lock(&adopt_lock);
+    adopt_stage = ok ? 1 : -1;
+    pthread_cond_broadcast(&adopt_cond);
+    while (adopt_stage != 2)
+        pthread_cond_wait(&adopt_cond, &adopt_lock);
+    pthread_mutex_unlock(&adopt_lock);
+    if (ok) { /* put it back as it was */
+        gsi_slab_release(h, s);
+        gsi_orphan_push(s);
+    }
+    return NULL;
+}
+
+static void check_rescued(void *arg)
+{
+    struct gs_slab *s = arg;
+    uint64_t x = atomic_load(&s->xstate);
+    if (GS_X_OWNER(x) != 0 && GS_X_OWNER(x) != gsi_tls_mine->id)
+        gst_child_fail("slab still owned by heap id %u", (unsigned)GS_X_OWNER(x));
+    if (atomic_load(&s->owner_key) != 0 && atomic_load(&s->owner_key) != gsi_tls_mine->key)
+        gst_child_fail("slab still keyed %#lx", (unsigned long)atomic_load(&s->owner_key));
+    free(orphan_blocks[1]); /* its blocks can be freed and reallocated */
+    void *p[300];
+    for (int i = 0; i < 300; i++)
+        if (!(p[i] = malloc(64)))
+            gst_child_fail("malloc failed");
+    for (int i = 0; i < 300; i++)
+        free(p[i]);
+}
+
+Test(heap, fork_releases_slab_adopted_but_not_listed)
+{
+    free(malloc(64));
+    run_thread(make_orphan, NULL);
+    struct gs_slab *s = gsi_slab_of(orphan_blocks[1]);
+    cr_assert_eq(GS_X_OWNER(atomic_load(&s->xstate)), 0, "the slab was not orphaned");
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, adopt_unlisted, s), 0);
+    pthread_mutex_lock(&adopt_lock);
+    while (adopt_stage == 0)
+        pthread_cond_wait(&adopt_cond, &adopt_lock);
+    pthread_mutex_unlock(&adopt_lock);
+    cr_assert_eq(adopt_stage, 1, "adoption failed");
+    struct gst_child c;
+    cr_assert(gst_run_child(check_rescued, s, &c));
+    pthread_mutex_lock(&adopt_lock);
+    adopt_stage = 2;
+    pthread_cond_broadcast(&adopt_cond);
+    pthread_mutex_unlock(&adopt_lock);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0, "child status %#x: %s",
+              c.status, c.err);
 }
