@@ -287,8 +287,9 @@ static void abandon_dead_heaps(void)
     }
 }
 
-void gsi_heap_free_emptied(struct gs_slab *s)
+void gsi_heap_free_emptied(const void *p, struct gs_slab *s)
 {
+    GS_ASSERT((char *)p >= s->start && (char *)p < s->start + (size_t)s->capacity * s->obj_size);
     struct gs_heap *h = gsi_tls_mine;
     uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
     if (GS_LIKELY(GS_X_OWNER(x) == h->id && h != &gsi_empty_heap)) {

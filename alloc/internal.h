@@ -352,10 +352,11 @@ size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */
    segment's entry, or an entry left stale, just takes the slow path (which
    asks gsi_segmap). Entries are written under segment_lock (segment.c);
    entries only ever name metadata inside a mapped segment or the
-   sentinel: a segment's entries are cleared before it is unmapped, and of
-   two live segments that share entries (addresses 256 GiB apart) neither
-   owns them, so no valid free can read metadata of a segment being
-   unmapped (docs/design.md, "The fast map"). */
+   sentinel: a segment's entries are cleared before it is unmapped, and
+   while a segment shares its entries with another live segment or a live
+   large block (addresses a multiple of 256 GiB apart) nobody owns them, so
+   no valid free can read metadata of a segment being unmapped (segment.c,
+   "Sharing"; docs/design.md, section 1). */
 #ifndef GS_FASTMAP_BITS /* smaller in the alias test build (tests/unit) */
 #define GS_FASTMAP_BITS 22
 #endif
@@ -484,8 +485,10 @@ void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size);
 void gsi_heap_free_local(struct gs_heap *h, struct gs_slab *s, uint32_t idx, const char *call);
 /* The owner's slab just became empty (used == 0). */
 void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s);
-/* The free fast path emptied s, whose owner key is this thread's. */
-void gsi_heap_free_emptied(struct gs_slab *s);
+/* The free fast path emptied s, whose owner key is this thread's, by
+   freeing p (passed first so that the fast path keeps p where it arrived
+   and needs no register move for this cold call). */
+void gsi_heap_free_emptied(const void *p, struct gs_slab *s);
 /* A slab just adopted by h through a free: put it on h's lists. */
 void gsi_heap_take_adopted(struct gs_heap *h, struct gs_slab *s);
 /* Orphan lists: ownerless slabs that still hold free or pending objects. */

@@ -1,15 +1,15 @@
 /*
  * The override layer: where every malloc-family call enters graceslab.
  *
- * Fast paths (budget: about 12 instructions for malloc, 20 for free, one
- * unlikely test each before the work, everything else in noinline slow
- * functions):
+ * Fast paths (20 instructions for malloc, 26 for free; the unlikely cases
+ * in noinline slow functions):
  *   malloc: size -> the thread's active slab for it (heap->direct), pop
  *           the local free list (out-of-band links), mark ALLOCATED; no
  *           count (the active slab is charged in advance, heap.c).
- *   free:   segment map byte -> slab metadata (map unit + load) -> owner
- *           check -> exact index (inverse and rotate) -> link must be
- *           ALLOCATED -> push -> count down (zero: slab empty, slow).
+ *   free:   fast-map entry -> slab metadata (a hint: everything after
+ *           checks it) -> owner key == thread pointer -> exact index
+ *           (inverse and rotate) -> link must be ALLOCATED -> push ->
+ *           count down (zero: slab empty, slow).
  * Anything else — first call of a thread, empty slab, large block, another
  * thread's slab, a bad pointer — goes to a slow path.
  *
@@ -73,7 +73,7 @@ GS_EXPORT void gs_free(void *p)
             gsi_slab_push(s, (uint32_t)idx, p);
             if (GS_LIKELY(--s->used != 0))
                 return;
-            gsi_heap_free_emptied(s);
+            gsi_heap_free_emptied(p, s);
             return;
         }
     }
