@@ -215,6 +215,17 @@ static struct gs_heap *heap_create_locked(void)
     if (h) {
         heap_pool = h->next_pool;
         h->key = (uintptr_t)h;
+        /* Abandoning left these empty, unless a fork child abandoned it for
+           a thread that vanished halfway through changing them (between
+           active[] and direct[] in heap_set_active): the slab a stale
+           direct[] entry names may since be someone else's. */
+        for (unsigned c = 0; c < GS_NCLASSES; c++)
+            h->active[c] = &gsi_empty_slab;
+        for (unsigned i = 0; i <= (1024 >> 4); i++)
+            h->direct[i] = &gsi_empty_slab;
+        h->empty_bytes = 0;
+        h->rbatch_slab = NULL;
+        __atomic_store_n(&h->rbatch, 0, __ATOMIC_RELAXED);
         return h;
     }
     size_t bytes = (sizeof *h + GS_PAGE - 1) & ~(size_t)(GS_PAGE - 1);
@@ -687,6 +698,7 @@ static void rescue_unlisted_slabs(void)
         struct gs_heap *owner =
             heap_by_id(GS_X_OWNER(atomic_load_explicit(&s->xstate, memory_order_relaxed)));
         s->where = GS_IN_NONE;
+        s->kept_empty = false; /* not counted in any heap's empty_bytes now */
         gsi_slab_collect(s);
         s->used = gsi_slab_recount(s); /* whatever charge it had */
         gsi_slab_release(owner, s);    /* no other thread: the chain is empty */

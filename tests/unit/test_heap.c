@@ -582,3 +582,49 @@ Test(heap, fork_releases_slab_adopted_but_not_listed)
     cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0, "child status %#x: %s",
               c.status, c.err);
 }
+
+/* A heap taken from the pool starts with every active and direct entry
+   empty, whatever its last thread left there (a fork child abandons the
+   heap of a thread that vanished halfway through changing them): here a
+   stale direct[] entry names a fake slab with one free object, which a
+   malloc through a heap that kept it would return. */
+static struct gs_heap *pooled_heap;
+static char fake_object[128];
+static struct gs_slab fake_slab;
+static uint16_t fake_links[2] = {GS_LINK_END, GS_LINK_INVALID};
+
+static void *note_heap(void *arg)
+{
+    (void)arg;
+    free(malloc(80));
+    pooled_heap = gsi_tls_mine;
+    return NULL;
+}
+
+static void *malloc_80(void *arg)
+{
+    void **out = arg;
+    free(malloc(16)); /* takes the heap from the pool (slow path) */
+    out[0] = malloc(80); /* fast path: direct[] as the pool left it */
+    out[1] = gsi_tls_mine;
+    free(out[0]);
+    return NULL;
+}
+
+Test(heap, pooled_heap_starts_empty)
+{
+    free(malloc(1));
+    run_thread(note_heap, NULL);
+    cr_assert_not_null(pooled_heap);
+    cr_assert(!pooled_heap->live);
+    fake_slab.link = fake_links;
+    fake_slab.start = fake_object;
+    fake_slab.free_ptr = fake_object;
+    fake_slab.free_head = 0;
+    fake_slab.obj_size = 80;
+    pooled_heap->direct[(80 + 15) >> 4] = &fake_slab;
+    void *got[2];
+    run_thread(malloc_80, got);
+    cr_assert_eq(got[1], pooled_heap, "the next thread did not get the pooled heap");
+    cr_assert_neq(got[0], (void *)fake_object, "malloc used a stale direct[] entry");
+}
