@@ -275,6 +275,16 @@ GS_INLINE unsigned gsi_small_class(size_t size)
 }
 void gsi_classes_init(void);
 unsigned gsi_class_slow(size_t size); /* any size <= GS_SMALL_MAX */
+/* Class of 1024 < size <= GS_SMALL_MAX: 8 classes per doubling, so the top
+   bit of size - 1 and the three below it, rounded up. */
+GS_INLINE unsigned gsi_class_above_1k(size_t size)
+{
+    size_t v = size - 1;
+    unsigned top = 63 - (unsigned)__builtin_clzl(v); /* 2^top <= v */
+    unsigned sub = (unsigned)(v >> (top - 3)) & 7;   /* eighths above 2^top */
+    /* Classes for (2^top, 2^(top+1)] start at 8 + 8 * (top - 7). */
+    return 8 * (top - 6) + sub;
+}
 /* Smallest class whose objects are all aligned to `align` and hold size;
    -1 if none. */
 int gsi_class_aligned(size_t size, size_t align);

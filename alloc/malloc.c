@@ -35,14 +35,16 @@ GS_INLINE void *alloc_class(struct gs_heap *h, unsigned cls, size_t size)
     return gsi_slab_pop(s);
 }
 
+/* Above 1024 bytes: the slab classes up to GS_SMALL_MAX (class computed,
+   not looked up), then large blocks. */
 static GS_NOINLINE void *malloc_large(size_t size)
 {
+    if (GS_LIKELY(size <= GS_SMALL_MAX))
+        return alloc_class(gsi_tls_heap, gsi_class_above_1k(size), size);
     if (size > PTRDIFF_MAX) {
         errno = ENOMEM;
         return NULL;
     }
-    if (size <= GS_SMALL_MAX)
-        return alloc_class(gsi_tls_heap, gsi_size_class(size), size);
     return gsi_large_alloc(size, 16, false);
 }
 

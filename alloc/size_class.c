@@ -83,13 +83,7 @@ unsigned gsi_class_slow(size_t size)
 {
     if (size <= 1024)
         return gsi_small_class(size);
-    /* size in (base, 2*base]: class index from the top bit and the next
-       three bits, rounding up. */
-    size_t v = size - 1;
-    unsigned top = 63 - (unsigned)__builtin_clzl(v);      /* 2^top <= v */
-    unsigned sub = (unsigned)(v >> (top - 3)) & 7;        /* eighths above 2^top */
-    /* Classes for (2^top, 2^(top+1)] start at 8 + 8 * (top - 7). */
-    return 8 + 8 * (top - 7) + sub;
+    return gsi_class_above_1k(size);
 }
 
 int gsi_class_aligned(size_t size, size_t align)
