@@ -347,6 +347,7 @@ size_t gsi_segments_count(void);
    when the pointer is handed out and when it stops being live. */
 void gsi_fastmap_hold(const void *user);
 void gsi_fastmap_release(const void *user);
+void gsi_fastmap_move(const void *old_user, const void *new_user); /* realloc moved it */
 /* Copies up to max live segments to out (tests); returns how many live. */
 size_t gsi_segments_list(struct gs_segment **out, size_t max);
 size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */

@@ -290,9 +290,7 @@ void *gsi_large_realloc(struct gs_large *b, size_t size)
         errno = ENOMEM;
         return NULL;
     }
-    if (nb->user != old_user) { /* moved: its fast-map class may differ */
-        gsi_fastmap_hold(nb->user);
-        gsi_fastmap_release(old_user);
-    }
+    if (nb->user != old_user) /* moved: its fast-map class may differ */
+        gsi_fastmap_move(old_user, nb->user);
     return nb->user;
 }

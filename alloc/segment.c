@@ -190,6 +190,18 @@ void gsi_fastmap_release(const void *user)
     pthread_mutex_unlock(&segment_lock);
 }
 
+void gsi_fastmap_move(const void *old_user, const void *new_user)
+{
+    /* One critical section: fork (which holds segment_lock) sees the block
+       counted exactly once, in one class or the other. */
+    pthread_mutex_lock(&segment_lock);
+    if (large_participates(new_user))
+        class_join(fastmap_class(new_user));
+    if (large_participates(old_user))
+        class_leave(fastmap_class(old_user));
+    pthread_mutex_unlock(&segment_lock);
+}
+
 static void set_slot_locked(struct gs_segment *seg, unsigned slot, struct gs_slab *s)
 {
     seg->slot_slab[slot] = s;
