@@ -668,29 +668,52 @@ static struct gs_heap *heap_by_id(uint32_t id)
     return NULL;
 }
 
-/* Fork child: slabs still owned by a heap it abandoned (h->lost) are the
-   ones a lost thread had taken but not yet put on a list — fork came
-   between an adoption CAS and the list (the adopter waits for an orphan
-   lock that atfork_prepare holds), so abandoning the heap did not see
-   them. Left as they are, they would stay owned by a pooled heap's id (the
-   next user of that heap struct would find its own id on a slab it does
-   not hold) and keyed by a thread pointer the child may hand to a new
-   thread. Released and listed as orphans, they are ordinary. */
+/* Fork child: slabs that abandoning the lost threads' heaps cannot see,
+   because fork caught a lost thread between taking a slab and listing it.
+   - Owned by a lost heap (h->lost) but on none of its lists: fork came
+     between an adoption CAS and the list (the adopter waits for an orphan
+     lock that atfork_prepare holds). Left so, such a slab would stay owned
+     by a pooled heap's id (the next user of that heap struct would find its
+     own id on a slab it does not hold) and keyed by a thread pointer the
+     child may hand to a new thread: it is released and listed as an orphan.
+   - Ownerless, no orphan, nothing allocated: made by gsi_slab_new for a
+     lost thread that had not taken it yet (a released slab holds allocated
+     objects; an empty one is retired or listed). Nobody would ever free
+     into it: it is retired. */
+struct unlisted {
+    struct gs_slab *owned; /* owned by a lost heap, on none of its lists */
+    struct gs_slab *fresh; /* made for a lost thread, not yet taken */
+};
+
 static void collect_unlisted(struct gs_slab *s, void *arg)
 {
-    struct gs_slab **list = arg;
+    struct unlisted *u = arg;
     uint32_t id = GS_X_OWNER(atomic_load_explicit(&s->xstate, memory_order_relaxed));
     struct gs_heap *owner = id ? heap_by_id(id) : NULL;
     if (owner && owner->lost) {
-        s->next = *list; /* on no heap list: the link is free */
-        *list = s;
+        s->next = u->owned; /* on no heap list: the link is free */
+        u->owned = s;
+    } else if (!id && !s->orphaned && !s->cache && s->used == 0 && !gsi_slab_has_pending(s)) {
+        /* Ownerless, not an orphan, nothing allocated: only a slab that
+           gsi_slab_new handed to a lost thread before it could take it
+           (a released slab holds allocated objects; an empty one is
+           retired or listed). Nobody would ever free into it. */
+        s->next = u->fresh;
+        u->fresh = s;
     }
 }
 
 static void rescue_unlisted_slabs(void)
 {
-    struct gs_slab *list = NULL;
-    gsi_segments_foreach(collect_unlisted, &list);
+    struct unlisted u = {NULL, NULL};
+    gsi_segments_foreach(collect_unlisted, &u);
+    while (u.fresh) {
+        struct gs_slab *s = u.fresh;
+        u.fresh = s->next;
+        s->next = NULL;
+        gsi_slab_retire(s);
+    }
+    struct gs_slab *list = u.owned;
     while (list) {
         struct gs_slab *s = list;
         list = s->next;

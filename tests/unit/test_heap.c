@@ -628,3 +628,62 @@ Test(heap, pooled_heap_starts_empty)
     cr_assert_eq(got[1], pooled_heap, "the next thread did not get the pooled heap");
     cr_assert_neq(got[0], (void *)fake_object, "malloc used a stale direct[] entry");
 }
+
+/* Fork while a thread holds a slab gsi_slab_new made for it but has not
+   taken yet: the child retires it (nobody could ever free into it). */
+static pthread_mutex_t fresh_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fresh_cond = PTHREAD_COND_INITIALIZER;
+static int fresh_stage;
+static struct gs_slab *fresh_slab;
+
+static void *hold_fresh(void *arg)
+{
+    (void)arg;
+    free(malloc(16)); /* this thread's heap */
+    struct gs_slab *s = gsi_slab_new(gsi_size_class(48));
+    pthread_mutex_lock(&fresh_lock);
+    fresh_slab = s;
+    fresh_stage = 1;
+    pthread_cond_broadcast(&fresh_cond);
+    while (fresh_stage != 2)
+        pthread_cond_wait(&fresh_cond, &fresh_lock);
+    pthread_mutex_unlock(&fresh_lock);
+    if (s)
+        gsi_slab_retire(s); /* never taken: give it back */
+    return NULL;
+}
+
+static void check_fresh_retired(void *arg)
+{
+    struct gs_slab *s = arg;
+    if (s->kind == GS_SLAB_SMALL)
+        gst_child_fail("a slab made for a lost thread is still a live slab");
+    void *p[64];
+    for (int i = 0; i < 64; i++)
+        if (!(p[i] = malloc(48)))
+            gst_child_fail("malloc failed");
+    for (int i = 0; i < 64; i++)
+        free(p[i]);
+}
+
+Test(heap, fork_retires_slab_made_but_not_taken)
+{
+    free(malloc(64));
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, hold_fresh, NULL), 0);
+    pthread_mutex_lock(&fresh_lock);
+    while (fresh_stage == 0)
+        pthread_cond_wait(&fresh_cond, &fresh_lock);
+    pthread_mutex_unlock(&fresh_lock);
+    cr_assert_not_null(fresh_slab);
+    cr_assert_eq(fresh_slab->kind, GS_SLAB_SMALL);
+    struct gst_child c;
+    cr_assert(gst_run_child(check_fresh_retired, fresh_slab, &c));
+    pthread_mutex_lock(&fresh_lock);
+    fresh_stage = 2;
+    pthread_cond_broadcast(&fresh_cond);
+    pthread_mutex_unlock(&fresh_lock);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0, "child status %#x: %s",
+              c.status, c.err);
+}
