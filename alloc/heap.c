@@ -209,6 +209,14 @@ static struct gs_slab *orphan_adopt(struct gs_heap *h, unsigned cls)
 
 /* ------------------------------------------------------------------ heaps */
 
+static void heap_clear_active(struct gs_heap *h)
+{
+    for (unsigned c = 0; c < GS_NCLASSES; c++)
+        h->active[c] = &gsi_empty_slab;
+    for (unsigned i = 0; i <= (1024 >> 4); i++)
+        h->direct[i] = &gsi_empty_slab;
+}
+
 static struct gs_heap *heap_create_locked(void)
 {
     struct gs_heap *h = heap_pool;
@@ -219,10 +227,7 @@ static struct gs_heap *heap_create_locked(void)
            a thread that vanished halfway through changing them (between
            active[] and direct[] in heap_set_active): the slab a stale
            direct[] entry names may since be someone else's. */
-        for (unsigned c = 0; c < GS_NCLASSES; c++)
-            h->active[c] = &gsi_empty_slab;
-        for (unsigned i = 0; i <= (1024 >> 4); i++)
-            h->direct[i] = &gsi_empty_slab;
+        heap_clear_active(h);
         h->empty_bytes = 0;
         h->rbatch_slab = NULL;
         __atomic_store_n(&h->rbatch, 0, __ATOMIC_RELAXED);
@@ -232,10 +237,7 @@ static struct gs_heap *heap_create_locked(void)
     h = gsi_os_map_aligned(bytes, GS_PAGE);
     if (!h)
         return NULL;
-    for (unsigned c = 0; c < GS_NCLASSES; c++)
-        h->active[c] = &gsi_empty_slab;
-    for (unsigned i = 0; i <= (1024 >> 4); i++)
-        h->direct[i] = &gsi_empty_slab;
+    heap_clear_active(h);
     h->id = heap_next_id++;
     h->key = (uintptr_t)h;
     h->next_all = heap_all;

@@ -342,12 +342,11 @@ void gsi_segments_lock(void);
 void gsi_segments_unlock(void);
 void gsi_segments_atfork_child(void);
 size_t gsi_segments_count(void);
-/* A live large block whose user pointer is user: while it lives, no
-   segment owns the fast-map entry a free of it reads (segment.c). Called
-   when the pointer is handed out and when it stops being live. */
-void gsi_fastmap_hold(const void *user);
-void gsi_fastmap_release(const void *user);
-void gsi_fastmap_move(const void *old_user, const void *new_user); /* realloc moved it */
+/* A large block's user pointer stops being live (left) and/or becomes live
+   (joined; either may be NULL): while such a pointer lives, no segment owns
+   the fast-map entry a free of it reads (segment.c). Called when a pointer
+   is handed out, freed, or moved by realloc. */
+void gsi_fastmap_large(const void *left, const void *joined);
 /* Copies up to max live segments to out (tests); returns how many live. */
 size_t gsi_segments_list(struct gs_segment **out, size_t max);
 size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */

@@ -165,7 +165,7 @@ void *gsi_large_alloc(size_t size, size_t align, bool zero)
     atomic_store_explicit(&b->state, GS_LARGE_LIVE, memory_order_relaxed);
     b->magic = GS_LARGE_MAGIC;
     atomic_fetch_add_explicit(&gsi_large_live_bytes, b->usable, memory_order_relaxed);
-    gsi_fastmap_hold(b->user);
+    gsi_fastmap_large(NULL, b->user);
     if (zero && !fresh)
         memset(b->user, 0, size);
     GS_VG_ALLOC(b->user, size, fresh);
@@ -205,7 +205,7 @@ void gsi_large_free(struct gs_large *b, const char *call)
     if (atomic_load_explicit(&b->state, memory_order_relaxed) != GS_LARGE_LIVE)
         gsi_fatal(call, "object already freed with gs_free_rcu(), pending a grace period:", b->user);
     b->magic = 0;
-    gsi_fastmap_release(b->user);
+    gsi_fastmap_large(b->user, NULL);
     atomic_fetch_sub_explicit(&gsi_large_live_bytes, b->usable, memory_order_relaxed);
     size_t limit = (size_t)gsi_option(GSI_OPT_LARGE_CACHE_MB) << 20;
     if (b->map_len > limit / 2) {
@@ -291,6 +291,6 @@ void *gsi_large_realloc(struct gs_large *b, size_t size)
         return NULL;
     }
     if (nb->user != old_user) /* moved: its fast-map class may differ */
-        gsi_fastmap_move(old_user, nb->user);
+        gsi_fastmap_large(old_user, nb->user);
     return nb->user;
 }

@@ -172,33 +172,19 @@ static bool large_participates(const void *user)
     return ((uintptr_t)user & GS_SEGMENT_MASK) >= GS_SLOT_SIZE;
 }
 
-void gsi_fastmap_hold(const void *user)
+void gsi_fastmap_large(const void *left, const void *joined)
 {
-    if (!large_participates(user))
+    bool leaves = left && large_participates(left);
+    bool joins = joined && large_participates(joined);
+    if (!leaves && !joins)
         return;
+    /* One critical section for a move: fork (which holds segment_lock)
+       sees the block counted exactly once, in one class or the other. */
     pthread_mutex_lock(&segment_lock);
-    class_join(fastmap_class(user));
-    pthread_mutex_unlock(&segment_lock);
-}
-
-void gsi_fastmap_release(const void *user)
-{
-    if (!large_participates(user))
-        return;
-    pthread_mutex_lock(&segment_lock);
-    class_leave(fastmap_class(user));
-    pthread_mutex_unlock(&segment_lock);
-}
-
-void gsi_fastmap_move(const void *old_user, const void *new_user)
-{
-    /* One critical section: fork (which holds segment_lock) sees the block
-       counted exactly once, in one class or the other. */
-    pthread_mutex_lock(&segment_lock);
-    if (large_participates(new_user))
-        class_join(fastmap_class(new_user));
-    if (large_participates(old_user))
-        class_leave(fastmap_class(old_user));
+    if (joins)
+        class_join(fastmap_class(joined));
+    if (leaves)
+        class_leave(fastmap_class(left));
     pthread_mutex_unlock(&segment_lock);
 }
 

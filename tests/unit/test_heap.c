@@ -505,14 +505,65 @@ Test(heap, dead_heap_abandoned_by_emptying_free)
     dead_heap_case(false);
 }
 
+/* Forks while another thread stands still halfway through an operation:
+   the thread calls stop_here(ok) at that point (ok false: the operation
+   itself failed), fork_while_stopped() runs check in a forked child while
+   it waits there, then lets it finish. */
+static pthread_mutex_t stop_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t stop_cond = PTHREAD_COND_INITIALIZER;
+static int stop_stage; /* 0 running, 1 stopped, -1 stopped after a failure, 2 go on */
+
+static void stop_here(bool ok)
+{
+    pthread_mutex_lock(&stop_lock);
+    stop_stage = ok ? 1 : -1;
+    pthread_cond_broadcast(&stop_cond);
+    while (stop_stage != 2)
+        pthread_cond_wait(&stop_cond, &stop_lock);
+    pthread_mutex_unlock(&stop_lock);
+}
+
+static void fork_while_stopped(void *(*thread)(void *), void *arg, void (*check)(void *),
+                               void *check_arg)
+{
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, thread, arg), 0);
+    pthread_mutex_lock(&stop_lock);
+    while (stop_stage == 0)
+        pthread_cond_wait(&stop_cond, &stop_lock);
+    int stage = stop_stage;
+    pthread_mutex_unlock(&stop_lock);
+    struct gst_child c = {0};
+    bool forked = stage == 1 && gst_run_child(check, check_arg ? check_arg : arg, &c);
+    pthread_mutex_lock(&stop_lock);
+    stop_stage = 2;
+    pthread_cond_broadcast(&stop_cond);
+    pthread_mutex_unlock(&stop_lock);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    cr_assert_eq(stage, 1, "the operation before the stop failed");
+    cr_assert(forked, "fork failed");
+    cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0, "child status %#x: %s",
+              c.status, c.err);
+}
+
+/* In a fork child: n blocks of size can be allocated and freed. */
+static void child_allocates(size_t size, int n)
+{
+    void *p[300];
+    if (n > 300)
+        gst_child_fail("at most 300 blocks");
+    for (int i = 0; i < n; i++)
+        if (!(p[i] = malloc(size)))
+            gst_child_fail("malloc failed");
+    for (int i = 0; i < n; i++)
+        free(p[i]);
+}
+
 /* Fork while a thread holds a slab it adopted but has not listed yet (here
    it stops right after the adoption): abandoning that thread's heap in the
    child does not see the slab, so the child releases it (no owner id, no
    key) and it is an orphan like any other. */
 static void *orphan_blocks[200];
-static pthread_mutex_t adopt_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t adopt_cond = PTHREAD_COND_INITIALIZER;
-static int adopt_stage;
 
 static void *make_orphan(void *arg)
 {
@@ -529,12 +580,7 @@ static void *adopt_unlisted(void *arg)
     struct gs_slab *s = arg;
     struct gs_heap *h = gsi_heap_get();
     bool ok = gsi_slab_adopt(h, s);
-    pthread_mutex_lock(&adopt_lock);
-    adopt_stage = ok ? 1 : -1;
-    pthread_cond_broadcast(&adopt_cond);
-    while (adopt_stage != 2)
-        pthread_cond_wait(&adopt_cond, &adopt_lock);
-    pthread_mutex_unlock(&adopt_lock);
+    stop_here(ok);
     if (ok) { /* put it back as it was */
         gsi_slab_release(h, s);
         gsi_orphan_push(s);
@@ -551,12 +597,7 @@ static void check_rescued(void *arg)
     if (atomic_load(&s->owner_key) != 0 && atomic_load(&s->owner_key) != gsi_tls_mine->key)
         gst_child_fail("slab still keyed %#lx", (unsigned long)atomic_load(&s->owner_key));
     free(orphan_blocks[1]); /* its blocks can be freed and reallocated */
-    void *p[300];
-    for (int i = 0; i < 300; i++)
-        if (!(p[i] = malloc(64)))
-            gst_child_fail("malloc failed");
-    for (int i = 0; i < 300; i++)
-        free(p[i]);
+    child_allocates(64, 300);
 }
 
 Test(heap, fork_releases_slab_adopted_but_not_listed)
@@ -565,22 +606,7 @@ Test(heap, fork_releases_slab_adopted_but_not_listed)
     run_thread(make_orphan, NULL);
     struct gs_slab *s = gsi_slab_of(orphan_blocks[1]);
     cr_assert_eq(GS_X_OWNER(atomic_load(&s->xstate)), 0, "the slab was not orphaned");
-    pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, adopt_unlisted, s), 0);
-    pthread_mutex_lock(&adopt_lock);
-    while (adopt_stage == 0)
-        pthread_cond_wait(&adopt_cond, &adopt_lock);
-    pthread_mutex_unlock(&adopt_lock);
-    cr_assert_eq(adopt_stage, 1, "adoption failed");
-    struct gst_child c;
-    cr_assert(gst_run_child(check_rescued, s, &c));
-    pthread_mutex_lock(&adopt_lock);
-    adopt_stage = 2;
-    pthread_cond_broadcast(&adopt_cond);
-    pthread_mutex_unlock(&adopt_lock);
-    cr_assert_eq(pthread_join(t, NULL), 0);
-    cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0, "child status %#x: %s",
-              c.status, c.err);
+    fork_while_stopped(adopt_unlisted, s, check_rescued, NULL);
 }
 
 /* A heap taken from the pool starts with every active and direct entry
@@ -631,9 +657,6 @@ Test(heap, pooled_heap_starts_empty)
 
 /* Fork while a thread holds a slab gsi_slab_new made for it but has not
    taken yet: the child retires it (nobody could ever free into it). */
-static pthread_mutex_t fresh_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t fresh_cond = PTHREAD_COND_INITIALIZER;
-static int fresh_stage;
 static struct gs_slab *fresh_slab;
 
 static void *hold_fresh(void *arg)
@@ -641,13 +664,8 @@ static void *hold_fresh(void *arg)
     (void)arg;
     free(malloc(16)); /* this thread's heap */
     struct gs_slab *s = gsi_slab_new(gsi_size_class(48));
-    pthread_mutex_lock(&fresh_lock);
-    fresh_slab = s;
-    fresh_stage = 1;
-    pthread_cond_broadcast(&fresh_cond);
-    while (fresh_stage != 2)
-        pthread_cond_wait(&fresh_cond, &fresh_lock);
-    pthread_mutex_unlock(&fresh_lock);
+    fresh_slab = s; /* published by stop_here's lock */
+    stop_here(s && s->kind == GS_SLAB_SMALL);
     if (s)
         gsi_slab_retire(s); /* never taken: give it back */
     return NULL;
@@ -655,35 +673,15 @@ static void *hold_fresh(void *arg)
 
 static void check_fresh_retired(void *arg)
 {
-    struct gs_slab *s = arg;
+    (void)arg;
+    struct gs_slab *s = fresh_slab;
     if (s->kind == GS_SLAB_SMALL)
         gst_child_fail("a slab made for a lost thread is still a live slab");
-    void *p[64];
-    for (int i = 0; i < 64; i++)
-        if (!(p[i] = malloc(48)))
-            gst_child_fail("malloc failed");
-    for (int i = 0; i < 64; i++)
-        free(p[i]);
+    child_allocates(48, 64);
 }
 
 Test(heap, fork_retires_slab_made_but_not_taken)
 {
     free(malloc(64));
-    pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, hold_fresh, NULL), 0);
-    pthread_mutex_lock(&fresh_lock);
-    while (fresh_stage == 0)
-        pthread_cond_wait(&fresh_cond, &fresh_lock);
-    pthread_mutex_unlock(&fresh_lock);
-    cr_assert_not_null(fresh_slab);
-    cr_assert_eq(fresh_slab->kind, GS_SLAB_SMALL);
-    struct gst_child c;
-    cr_assert(gst_run_child(check_fresh_retired, fresh_slab, &c));
-    pthread_mutex_lock(&fresh_lock);
-    fresh_stage = 2;
-    pthread_cond_broadcast(&fresh_cond);
-    pthread_mutex_unlock(&fresh_lock);
-    cr_assert_eq(pthread_join(t, NULL), 0);
-    cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0, "child status %#x: %s",
-              c.status, c.err);
+    fork_while_stopped(hold_fresh, NULL, check_fresh_retired, NULL);
 }
