@@ -240,6 +240,7 @@ static struct gs_heap *heap_create_locked(void)
     heap_clear_active(h);
     h->id = heap_next_id++;
     h->key = (uintptr_t)h;
+    h->thread_ptr = 0;
     h->next_all = heap_all;
     heap_all = h;
     return h;
@@ -276,14 +277,16 @@ void gsi_heap_init_once(void)
     pthread_mutex_unlock(&init_lock);
 }
 
-/* Live heaps keyed by this thread's thread pointer other than its own heap
+/* Live heaps made for this thread's thread pointer other than its own heap
    belonged to a thread that exited without abandoning them (a heap made in
    the last round of thread-specific destructors, or whose registration
    failed): a thread pointer names one running thread, and glibc handed it
    on to this one. Nobody else acts for such a heap, so this thread
-   abandons it, as a fork child abandons the heaps of the threads it lost
-   (and until then, its fast-path frees into their slabs are the owner's
-   frees they look like). */
+   abandons it, as a fork child abandons the heaps of the threads it lost.
+   Until then, if the dead heap was keyed by the thread pointer, this
+   thread's fast-path frees into its slabs are the owner's frees they look
+   like; if it was keyed by its address (made after the thread had
+   abandoned its first heap), they go the remote way. */
 static void abandon_dead_heaps(void)
 {
     uintptr_t key = gsi_thread_key();
@@ -291,7 +294,7 @@ static void abandon_dead_heaps(void)
         struct gs_heap *dead = NULL;
         pthread_mutex_lock(&heap_lock);
         for (struct gs_heap *h = heap_all; h && !dead; h = h->next_all)
-            if (h->live && h->key == key && h != gsi_tls_mine)
+            if (h->live && h->thread_ptr == key && h != gsi_tls_mine)
                 dead = h;
         pthread_mutex_unlock(&heap_lock);
         if (!dead)
@@ -332,16 +335,16 @@ struct gs_heap *gsi_heap_get(void)
         h = heap_create_locked();
         if (h) {
             h->live = true;
+            h->thread_ptr = gsi_thread_key();
             if (by_thread)
-                h->key = gsi_thread_key();
+                h->key = h->thread_ptr;
         }
         pthread_mutex_unlock(&heap_lock);
         if (!h)
             return NULL;
         gsi_tls_mine = h;
         gsi_tls_heap = gsi_valgrind ? &gsi_empty_heap : h;
-        if (by_thread)
-            abandon_dead_heaps();
+        abandon_dead_heaps();
     }
     if (key_ready && pthread_getspecific(heap_key) != h)
         pthread_setspecific(heap_key, h);

@@ -226,6 +226,11 @@ struct gs_heap {
        path) the heap's own address, which no thread pointer equals; and 1
        for gsi_empty_heap, which owns nothing. */
     uintptr_t key;
+    /* The thread pointer of the thread it was made for (0: detached), kept
+       whatever the key: a live heap with this thread's pointer that is not
+       this thread's heap belonged to a thread that exited without
+       abandoning it (abandon_dead_heaps, heap.c). heap_lock. */
+    uintptr_t thread_ptr;
     bool live;                                 /* has a thread (heap_lock) */
     bool lost;                                 /* fork child: abandoned, thread gone */
     struct gs_slab_list partial[GS_NCLASSES];  /* owned, with free objects */

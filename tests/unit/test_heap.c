@@ -398,7 +398,11 @@ Test(heap, heap_made_by_exiting_thread_not_keyed_by_it)
    thread's pointer. The next thread given that pointer (the same
    user-supplied stack gives the same one) must not treat it as its own
    heap: its first heap creation, or a fast-path free that empties one of
-   the dead heap's (non-active) slabs, abandons the dead heap. */
+   the dead heap's (non-active) slabs, abandons the dead heap.
+   A thread that had allocated before its destructors ran had its first
+   heap abandoned in the first round; the heap it makes in the last round
+   is keyed by its address, not the thread pointer, and the next thread on
+   that pointer abandons it when it makes its own heap. */
 enum { MAX_DEAD = 8192 };
 static pthread_key_t round_key;
 static void *dead_blocks[MAX_DEAD];
@@ -427,8 +431,9 @@ static void round_destructor(void *arg)
 
 static void *start_rounds(void *arg)
 {
-    (void)arg;
-    pthread_setspecific(round_key, (void *)1); /* no allocation before the last round */
+    if (arg) /* a first heap, abandoned in the first round */
+        free(malloc(64));
+    pthread_setspecific(round_key, (void *)1);
     return NULL;
 }
 
@@ -463,30 +468,34 @@ static void run_on_stack(void *stack, size_t size, void *(*fn)(void *), void *ar
     pthread_attr_destroy(&attr);
 }
 
-static void dead_heap_case(bool by_malloc)
+/* by_malloc: the next thread makes a heap before freeing; late: the dead
+   thread had a heap before its destructors ran. */
+static void dead_heap_case(bool by_malloc, bool late)
 {
     free(malloc(1));
     cr_assert_eq(pthread_key_create(&round_key, round_destructor), 0);
     size_t size = (size_t)1 << 20;
     void *stack = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     cr_assert_neq(stack, MAP_FAILED);
-    run_on_stack(stack, size, start_rounds, NULL);
+    run_on_stack(stack, size, start_rounds, late ? stack : NULL);
     cr_assert_gt(dead_n, 2);
-    /* The situation this is about: a live heap keyed by a dead thread,
-       owning a partial slab. */
-    cr_assert_eq(dead_heap_key, dead_tp);
+    /* The situation this is about: a live heap of a dead thread, keyed by
+       that thread's pointer (or by its own address if late), owning a
+       partial slab. */
+    uintptr_t want_key = late ? (uintptr_t)dead_heap : dead_tp;
+    cr_assert_eq(dead_heap_key, want_key);
     cr_assert(dead_heap->live, "the last-round heap was abandoned after all");
     struct gs_slab *s = gsi_slab_of(dead_blocks[1]);
     for (size_t i = 2; i < dead_n; i++)
         cr_assert_eq(gsi_slab_of(dead_blocks[i]), s, "blocks not from one slab");
-    cr_assert_eq(atomic_load(&s->owner_key), dead_tp);
+    cr_assert_eq(atomic_load(&s->owner_key), want_key);
     cr_assert_eq(s->where, GS_IN_PARTIAL);
     struct after_dead a = {.by_malloc = by_malloc};
     run_on_stack(stack, size, follow_dead, &a);
     cr_assert_eq(a.tp, dead_tp, "a thread on the same stack got another thread pointer");
     cr_assert(!a.dead_live_after_malloc, "the dead thread's heap outlived the new heap");
     cr_assert(!a.dead_live_after, "the dead thread's heap is still live");
-    cr_assert_neq(atomic_load(&s->owner_key), dead_tp, "a slab still keyed by a dead thread");
+    cr_assert_neq(atomic_load(&s->owner_key), want_key, "a slab still keyed by a dead heap");
     /* Everything still works. */
     static void *p[MAX_DEAD];
     for (size_t i = 0; i < dead_n; i++)
@@ -497,12 +506,17 @@ static void dead_heap_case(bool by_malloc)
 
 Test(heap, dead_heap_abandoned_by_next_thread_heap)
 {
-    dead_heap_case(true);
+    dead_heap_case(true, false);
 }
 
 Test(heap, dead_heap_abandoned_by_emptying_free)
 {
-    dead_heap_case(false);
+    dead_heap_case(false, false);
+}
+
+Test(heap, late_dead_heap_abandoned_by_next_thread_heap)
+{
+    dead_heap_case(true, true);
 }
 
 /* Forks while another thread stands still halfway through an operation:
