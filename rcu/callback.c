@@ -113,9 +113,11 @@ static void lazy_sleep(uint32_t ev, uint64_t deadline_ns)
             prel = &rel;
         }
         if (!deadline_ns || prel->tv_sec || prel->tv_nsec) {
-            gsi_futex_wait(&cb_event, ev, prel);
-            /* Relaxed: a statistic for tests and benchmarks. */
-            atomic_fetch_add_explicit(&lazy_wakeups, 1, memory_order_relaxed);
+            /* A return without sleeping (an enqueue changed cb_event since
+               the thread read it) is no wakeup: the thread never left the
+               CPU. Relaxed: a statistic for tests and benchmarks. */
+            if (gsi_futex_wait(&cb_event, ev, prel))
+                atomic_fetch_add_explicit(&lazy_wakeups, 1, memory_order_relaxed);
         }
     }
     atomic_store_explicit(&cb_sleeping, AWAKE, memory_order_relaxed);

@@ -15,6 +15,7 @@
 
 #include "alloc/common.h"
 
+#include <errno.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -102,10 +103,13 @@ uint64_t gsi_rcu_lazy_wakeups(void);
 bool gsi_rcu_lazy_thread_exists(void);
 
 /* Futex helpers (private futexes: the words are process-local). */
-static inline void gsi_futex_wait(_Atomic uint32_t *word, uint32_t val,
+/* Returns false when it did not sleep at all (the word no longer held
+   val: EAGAIN). Sets errno. */
+static inline bool gsi_futex_wait(_Atomic uint32_t *word, uint32_t val,
                                   const struct timespec *rel)
 {
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, val, rel, NULL, 0);
+    long r = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, val, rel, NULL, 0);
+    return r == 0 || errno != EAGAIN;
 }
 
 static inline void gsi_futex_wake(_Atomic uint32_t *word, int n)
