@@ -285,11 +285,15 @@ void *gsi_large_realloc(struct gs_large *b, size_t size)
     }
     size_t len = (off + size + GS_PAGE - 1) & ~(size_t)(GS_PAGE - 1);
     void *old_user = b->user;
+    size_t old_usable = b->usable;
     struct gs_large *nb = block_resize(b, len);
     if (!nb) {
         errno = ENOMEM;
         return NULL;
     }
+    /* Live bytes follow the new usable size (free subtracts that one). */
+    atomic_fetch_add_explicit(&gsi_large_live_bytes, nb->usable - old_usable,
+                              memory_order_relaxed);
     if (nb->user != old_user) /* moved: its fast-map class may differ */
         gsi_fastmap_large(old_user, nb->user);
     return nb->user;

@@ -16,8 +16,13 @@ static void count_slab(struct gs_slab *s, void *arg)
     struct gs_stats *st = arg;
     st->slabs++;
     /* Read racily; the active slab's count is an advance charge (see
-       struct gs_slab), so it is counted from its lists instead. */
-    st->class_allocated[s->cls] += s->where == GS_IN_ACTIVE ? gsi_slab_recount(s) : s->used;
+       struct gs_slab), so it is counted from its lists instead. Either
+       counts the objects on the remote chain, which are freed (another
+       thread's free, or a reclaim done for this heap elsewhere) but not
+       yet collected by the owner: not allocated any more. */
+    uint64_t used = s->where == GS_IN_ACTIVE ? gsi_slab_recount(s) : s->used;
+    uint64_t remote = GS_X_COUNT(atomic_load_explicit(&s->xstate, memory_order_relaxed));
+    st->class_allocated[s->cls] += used > remote ? used - remote : 0;
 }
 
 static void count_heap(struct gs_heap *h, void *arg)

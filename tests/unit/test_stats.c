@@ -89,3 +89,62 @@ Test(stats, heaps_counted)
     cr_assert_geq(in_thread.heaps, 2, "gs_stats.heaps = %zu with two threads allocating",
                   in_thread.heaps);
 }
+
+/* A large block resized by realloc counts its new usable size, grown or
+   shrunk, in place or moved (the count kept the old size once, and free
+   then took the new one off: the figures drifted and wrapped). */
+Test(stats, large_realloc_counted_at_new_size)
+{
+    struct gs_stats a, b;
+    gs_stats_get(&a);
+    void *p = malloc(40000);
+    size_t steps[] = {80000, 3 << 20, 50000, 40001};
+    for (unsigned i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        void *q = realloc(p, steps[i]);
+        cr_assert_not_null(q);
+        p = q;
+        gs_stats_get(&b);
+        cr_assert_eq(b.large_bytes - a.large_bytes, gs_usable_size(p),
+                     "after realloc to %zu: large_bytes grew by %zu, usable size %zu", steps[i],
+                     b.large_bytes - a.large_bytes, gs_usable_size(p));
+        cr_assert_eq(b.allocated_bytes - a.allocated_bytes, gs_usable_size(p));
+    }
+    free(p);
+    gs_stats_get(&b);
+    cr_assert_eq(b.large_bytes, a.large_bytes);
+    cr_assert_eq(b.allocated_bytes, a.allocated_bytes);
+}
+
+enum { REMOTE_N = 500 };
+static void *remote_objs[REMOTE_N];
+
+static void *free_remote_objs(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < REMOTE_N; i++)
+        free(remote_objs[i]);
+    return NULL; /* its exit pushes its last batch onto the slab */
+}
+
+/* Objects another thread freed are not allocated any more, even before
+   their owner collects them from the slab's remote chain (they counted as
+   allocated until the owner's next refill). */
+Test(stats, remote_frees_not_counted_as_allocated)
+{
+    struct gs_stats a, b;
+    free(malloc(100)); /* this thread's heap exists */
+    gs_stats_get(&a);
+    for (int i = 0; i < REMOTE_N; i++)
+        remote_objs[i] = malloc(100);
+    size_t usable = gs_usable_size(remote_objs[0]);
+    unsigned k = class_of(&a, usable);
+    cr_assert_neq(k, ~0u);
+    gs_stats_get(&b);
+    cr_assert_eq(b.class_allocated[k], a.class_allocated[k] + REMOTE_N);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, free_remote_objs, NULL), 0);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    gs_stats_get(&b); /* no allocation in between: nothing collected */
+    cr_assert_eq(b.class_allocated[k], a.class_allocated[k], "%zu objects of class %u, %zu before",
+                 b.class_allocated[k], k, a.class_allocated[k]);
+}
