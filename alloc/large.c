@@ -248,10 +248,20 @@ static struct gs_large *block_resize(struct gs_large *b, size_t len)
     if (len == old_len)
         return b;
     if (len < old_len) {
-        if (!gsi_os_remap(b, old_len, len, NULL))
+        /* The map units wholly in the tail are cleared before the tail is
+           given back: once it is unmapped, another thread may map a
+           segment or block there and set those units for itself. (Cleared
+           after, they once erased a new block's entries: its free then
+           aborted as an invalid pointer.) The unit holding the new end
+           stays the block's. */
+        uintptr_t tail = ((uintptr_t)b + len + GS_SEGMENT_MASK) & ~GS_SEGMENT_MASK;
+        uintptr_t end = (uintptr_t)b + old_len;
+        if (tail < end)
+            gsi_map_clear((void *)tail, end - tail);
+        if (!gsi_os_remap(b, old_len, len, NULL)) {
+            gsi_map_set(b, old_len, GS_MAP_LARGE);
             return b; /* keeping the longer mapping is harmless */
-        gsi_map_clear((char *)b + len, old_len - len);
-        gsi_map_set(b, len, GS_MAP_LARGE);
+        }
     } else if (gsi_os_remap(b, old_len, len, NULL)) {
         gsi_map_set(b, len, GS_MAP_LARGE);
     } else {

@@ -8,7 +8,11 @@
 #include "alloc/internal.h"
 #include "../common.h"
 
+#include <stdarg.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 static void init(void)
 {
@@ -167,4 +171,62 @@ Test(large, realloc_to_small)
     cr_assert_eq(gsi_map_kind((uintptr_t)q), GS_MAP_SMALL);
     cr_assert_eq(gst_check(q, 100, 7), 100);
     free(q);
+}
+
+/* Every mremap of the library (linked in: this definition is the one it
+   calls) goes through here. While `watch` is set, a shrink in place
+   records whether the map units wholly inside the tail it gives back were
+   already clear: from the moment the tail is unmapped another thread may
+   map a segment or block there and set those units, so clearing them
+   after would erase that mapping's entries (an oversubscribed real-program
+   sweep hit it: the new block's free aborted as an invalid pointer). */
+static bool watch;
+static int shrinks, shrinks_with_tail_set;
+
+void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
+{
+    void *fixed = NULL;
+    if (flags & MREMAP_FIXED) {
+        va_list ap;
+        va_start(ap, flags);
+        fixed = va_arg(ap, void *);
+        va_end(ap);
+    }
+    if (watch && !(flags & MREMAP_FIXED) && new_len < old_len) {
+        shrinks++;
+        uintptr_t tail = ((uintptr_t)old + new_len + GS_SEGMENT_MASK) & ~GS_SEGMENT_MASK;
+        for (uintptr_t a = tail; a < (uintptr_t)old + old_len; a += GS_SEGMENT_SIZE)
+            if (gsi_map_kind(a) != 0) {
+                shrinks_with_tail_set++;
+                break;
+            }
+    }
+    return (void *)syscall(SYS_mremap, old, old_len, new_len, flags, fixed);
+}
+
+Test(large, tail_unmapped_only_after_its_map_units_cleared)
+{
+    /* A cached 12 MiB block resized in place for a 132 KiB request. */
+    void *big = malloc(12 << 20);
+    cr_assert_not_null(big);
+    free(big);
+    watch = true;
+    void *p = malloc(132 << 10);
+    cr_assert_eq(gsi_large_of(p), (struct gs_large *)((uintptr_t)big & ~GS_SEGMENT_MASK),
+                 "the cached block was not reused");
+    /* And a live one shrunk by realloc. */
+    void *q = malloc(20 << 20);
+    cr_assert_not_null(q);
+    void *r = realloc(q, 5 << 20);
+    watch = false;
+    cr_assert_eq(r, q, "a shrinking realloc moved the block");
+    cr_assert_eq(shrinks, 2, "%d shrinks in place seen", shrinks);
+    cr_assert_eq(shrinks_with_tail_set, 0,
+                 "%d of %d shrinks unmapped a tail whose map units were still set",
+                 shrinks_with_tail_set, shrinks);
+    /* Everything past the new ends is clear, the blocks are found. */
+    cr_assert_eq(gsi_large_of(r), (struct gs_large *)((uintptr_t)r & ~GS_SEGMENT_MASK));
+    cr_assert_eq(gsi_map_kind(((uintptr_t)r & ~GS_SEGMENT_MASK) + (8u << 20)), 0);
+    free(p);
+    free(r);
 }
