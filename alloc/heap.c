@@ -222,27 +222,26 @@ static struct gs_heap *heap_create_locked(void)
     struct gs_heap *h = heap_pool;
     if (h) {
         heap_pool = h->next_pool;
-        h->key = (uintptr_t)h;
-        /* Abandoning left these empty, unless a fork child abandoned it for
-           a thread that vanished halfway through changing them (between
-           active[] and direct[] in heap_set_active): the slab a stale
-           direct[] entry names may since be someone else's. */
-        heap_clear_active(h);
+        /* Abandoning left its entries empty, unless a fork child abandoned
+           it for a thread that vanished halfway through changing them
+           (between active[] and direct[] in heap_set_active): the slab a
+           stale direct[] entry names may since be someone else's. So they
+           are cleared below like a new heap's. */
         h->empty_bytes = 0;
         h->rbatch_slab = NULL;
         __atomic_store_n(&h->rbatch, 0, __ATOMIC_RELAXED);
-        return h;
+    } else {
+        size_t bytes = (sizeof *h + GS_PAGE - 1) & ~(size_t)(GS_PAGE - 1);
+        h = gsi_os_map_aligned(bytes, GS_PAGE);
+        if (!h)
+            return NULL;
+        h->id = heap_next_id++;
+        h->next_all = heap_all;
+        heap_all = h;
     }
-    size_t bytes = (sizeof *h + GS_PAGE - 1) & ~(size_t)(GS_PAGE - 1);
-    h = gsi_os_map_aligned(bytes, GS_PAGE);
-    if (!h)
-        return NULL;
     heap_clear_active(h);
-    h->id = heap_next_id++;
     h->key = (uintptr_t)h;
-    h->thread_ptr = 0;
-    h->next_all = heap_all;
-    heap_all = h;
+    h->thread_ptr = 0; /* set by gsi_heap_get for a thread's heap */
     return h;
 }
 
@@ -699,11 +698,7 @@ static void collect_unlisted(struct gs_slab *s, void *arg)
         s->next = u->owned; /* on no heap list: the link is free */
         u->owned = s;
     } else if (!id && !s->orphaned && !s->cache && s->used == 0 && !gsi_slab_has_pending(s)) {
-        /* Ownerless, not an orphan, nothing allocated: only a slab that
-           gsi_slab_new handed to a lost thread before it could take it
-           (a released slab holds allocated objects; an empty one is
-           retired or listed). Nobody would ever free into it. */
-        s->next = u->fresh;
+        s->next = u->fresh; /* see struct unlisted */
         u->fresh = s;
     }
 }
