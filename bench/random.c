@@ -1,8 +1,11 @@
 /*
  * random: random sizes, random free order, in batches.
  *   batch=10000  objects allocated, then freed in a random order
+ *   large=5      percent of sizes above 1 KiB
  *   seconds=1
- * Sizes: 95% uniform in 16..1024, 5% uniform in 1025..32K. Each object's
+ * Sizes: 95% uniform in 16..1024, 5% uniform in 1025..32K (large=100: all
+ * in 1025..32K, 170 MB of blocks a batch: a program that frees a large
+ * heap and allocates it again at once). Each object's
  * first word is written (as a program would). Size tables and free orders
  * are drawn before the clock starts (8 of each, used in turn), so the
  * timed loop is malloc/free and a store. ops = malloc+free pairs.
@@ -18,6 +21,7 @@ int main(int argc, char **argv)
 {
     size_t batch = (size_t)bench_arg(argc, argv, "batch", 10000);
     double seconds = bench_arg(argc, argv, "seconds", 1.0);
+    uint64_t large = (uint64_t)bench_arg(argc, argv, "large", 5);
     uint64_t rng = 0x9e3779b97f4a7c15ULL;
 
     size_t *sizes[NTABLES];
@@ -26,7 +30,7 @@ int main(int argc, char **argv)
         sizes[t] = bench_check(malloc(batch * sizeof(size_t)), "malloc");
         order[t] = bench_check(malloc(batch * sizeof(size_t)), "malloc");
         for (size_t i = 0; i < batch; i++) {
-            sizes[t][i] = bench_rand(&rng) % 100 < 95
+            sizes[t][i] = bench_rand(&rng) % 100 < 100 - large
                               ? bench_rand_range(&rng, 16, 1024)
                               : bench_rand_range(&rng, 1025, 32768);
             order[t][i] = i;
@@ -56,7 +60,7 @@ int main(int argc, char **argv)
     } while (t < seconds);
 
     char extra[64];
-    snprintf(extra, sizeof extra, " batch=%zu", batch);
+    snprintf(extra, sizeof extra, " batch=%zu large=%u", batch, (unsigned)large);
     bench_result("random", extra, ops, t);
     return 0;
 }
