@@ -30,7 +30,7 @@
 #define HEAP_EMPTY_KEEP ((size_t)gsi_option(GSI_OPT_HEAP_EMPTY_KB) << 10)
 
 struct gs_slab gsi_empty_slab = {.free_head = GS_LINK_END, .kind = GS_SLAB_UNUSED};
-struct gs_heap gsi_empty_heap = {.direct = {[0 ... (1024 >> 4)] = &gsi_empty_slab},
+struct gs_heap gsi_empty_heap = {.direct = {[0 ... GS_DIRECT_ENTRIES - 1] = &gsi_empty_slab},
                                   .active = {[0 ... GS_NCLASSES - 1] = &gsi_empty_slab},
                                   .key = 1};
 __thread struct gs_heap *gsi_tls_heap = &gsi_empty_heap;
@@ -213,7 +213,7 @@ static void heap_clear_active(struct gs_heap *h)
 {
     for (unsigned c = 0; c < GS_NCLASSES; c++)
         h->active[c] = &gsi_empty_slab;
-    for (unsigned i = 0; i <= (1024 >> 4); i++)
+    for (unsigned i = 0; i < GS_DIRECT_ENTRIES; i++)
         h->direct[i] = &gsi_empty_slab;
 }
 

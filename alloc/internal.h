@@ -53,6 +53,13 @@
 #define GS_SMALL_MAX     32768
 #define GS_NCLASSES      72
 
+/* malloc's direct[] (size -> active slab, struct gs_heap): one entry per
+   16 bytes up to 1024 ((size + 15) >> 4: entries 0..64), then one per 128
+   bytes up to GS_SMALL_MAX (entries 65..312): every class boundary above
+   1 KiB is a multiple of 128, so an entry names one class. */
+#define GS_DIRECT_ENTRIES (56 + (GS_SMALL_MAX >> 7) + 1)
+#define GS_DIRECT_INDEX_ABOVE_1K(size) (56 + (((size) + 127) >> 7))
+
 /* ---------------------------------------------------------------------
  * Per-object state, out of band: one 16-bit link per object in the array
  * at the front of the slab (before the first object). Never inside the
@@ -211,10 +218,10 @@ struct gs_slab_list {
  * Everything here is owner-only unless marked.
  */
 struct gs_heap {
-    /* malloc's fast path: the active slab for sizes up to 1024 bytes,
-       indexed by (size + 15) >> 4 (a copy of active[] by size, so that the
-       fast path needs no size-class lookup; kept by heap_set_active). */
-    struct gs_slab *direct[(1024 >> 4) + 1];
+    /* malloc's fast path: the active slab by size (GS_DIRECT_ENTRIES: a
+       copy of active[] by size, so that malloc needs no size-class lookup;
+       kept by heap_set_active). */
+    struct gs_slab *direct[GS_DIRECT_ENTRIES];
     struct gs_slab *active[GS_NCLASSES];       /* never NULL: empty sentinel */
     uint32_t id;                               /* 1.. ; owner id in xstate */
     /* What slabs it owns store in owner_key. For the heap of a running
@@ -264,8 +271,8 @@ struct gs_class_info {
     uint64_t inverse;    /* inverse of the odd part of size, mod 2^64 */
     uint8_t shift;       /* size == odd part << shift */
     /* direct[] entries (malloc's size -> slab array, heap.c) that name this
-       class: [direct_first, direct_end), empty above 1024 bytes */
-    uint8_t direct_first, direct_end;
+       class: [direct_first, direct_end) */
+    uint16_t direct_first, direct_end;
 };
 extern struct gs_class_info gsi_classes[GS_NCLASSES];
 /* Class of a size <= 1024, indexed by (size + 15) >> 4. Filled once at

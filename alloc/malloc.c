@@ -3,7 +3,8 @@
  *
  * Fast paths (20 instructions for malloc, 26 for free; the unlikely cases
  * in noinline slow functions):
- *   malloc: size -> the thread's active slab for it (heap->direct), pop
+ *   malloc: size -> the thread's active slab for it (heap->direct, up to
+ *           32 KiB; a second size test above 1 KiB), pop
  *           the local free list (out-of-band links), mark ALLOCATED; no
  *           count (the active slab is charged in advance, heap.c).
  *   free:   fast-map entry -> slab metadata (a hint: everything after
@@ -35,12 +36,14 @@ GS_INLINE void *alloc_class(struct gs_heap *h, unsigned cls, size_t size)
     return gsi_slab_pop(s);
 }
 
-/* Above 1024 bytes: the slab classes up to GS_SMALL_MAX (class computed,
-   not looked up), then large blocks. */
+static GS_NOINLINE void *malloc_small_slow(size_t size)
+{
+    return gsi_heap_alloc_slow(gsi_tls_heap, gsi_size_class(size), size);
+}
+
+/* Above GS_SMALL_MAX: large blocks. */
 static GS_NOINLINE void *malloc_large(size_t size)
 {
-    if (GS_LIKELY(size <= GS_SMALL_MAX))
-        return alloc_class(gsi_tls_heap, gsi_class_above_1k(size), size);
     if (size > PTRDIFF_MAX) {
         errno = ENOMEM;
         return NULL;
@@ -48,20 +51,18 @@ static GS_NOINLINE void *malloc_large(size_t size)
     return gsi_large_alloc(size, 16, false);
 }
 
-static GS_NOINLINE void *malloc_small_slow(size_t size)
-{
-    return gsi_heap_alloc_slow(gsi_tls_heap, gsi_size_class(size), size);
-}
-
 GS_EXPORT void *gs_malloc(size_t size)
 {
-    if (GS_LIKELY(size <= 1024)) {
-        struct gs_slab *s = gsi_tls_heap->direct[(size + 15) >> 4];
-        if (GS_LIKELY(s->free_head != GS_LINK_END))
-            return gsi_slab_pop(s);
-        return malloc_small_slow(size);
-    }
-    return malloc_large(size);
+    struct gs_slab *s;
+    if (GS_LIKELY(size <= 1024))
+        s = gsi_tls_heap->direct[(size + 15) >> 4];
+    else if (GS_LIKELY(size <= GS_SMALL_MAX))
+        s = gsi_tls_heap->direct[GS_DIRECT_INDEX_ABOVE_1K(size)];
+    else
+        return malloc_large(size);
+    if (GS_LIKELY(s->free_head != GS_LINK_END))
+        return gsi_slab_pop(s);
+    return malloc_small_slow(size);
 }
 
 static GS_NOINLINE void free_slow(void *p, const char *call);

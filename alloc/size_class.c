@@ -57,6 +57,14 @@ static void class_layout(struct gs_class_info *ci, uint32_t size)
     ci->inverse = odd_inverse(size >> ci->shift);
 }
 
+/* direct[] entry i names class k (entries of a class are contiguous). */
+static void direct_add(unsigned k, unsigned i)
+{
+    if (!gsi_classes[k].direct_end)
+        gsi_classes[k].direct_first = (uint16_t)i;
+    gsi_classes[k].direct_end = (uint16_t)(i + 1);
+}
+
 void gsi_classes_init(void)
 {
     unsigned c = 0;
@@ -73,10 +81,11 @@ void gsi_classes_init(void)
         while (gsi_classes[k].size < size)
             k++;
         atomic_store_explicit(&gsi_class_of_small[i], (uint8_t)k, memory_order_relaxed);
-        if (!gsi_classes[k].direct_end)
-            gsi_classes[k].direct_first = (uint8_t)i;
-        gsi_classes[k].direct_end = (uint8_t)(i + 1);
+        direct_add(k, i);
     }
+    /* Above 1 KiB: entry i covers sizes up to (i - 56) * 128. */
+    for (unsigned i = GS_DIRECT_INDEX_ABOVE_1K(1025); i < GS_DIRECT_ENTRIES; i++)
+        direct_add(gsi_class_above_1k((size_t)(i - 56) << 7), i);
 }
 
 unsigned gsi_class_slow(size_t size)

@@ -699,3 +699,21 @@ Test(heap, fork_retires_slab_made_but_not_taken)
     free(malloc(64));
     fork_while_stopped(hold_fresh, NULL, check_fresh_retired, NULL);
 }
+
+/* malloc finds every small size's slab through direct[]: right after a
+   malloc of each size, the entry that size indexes names the active slab
+   of the size's class, and the block came from that slab. */
+Test(heap, direct_entries_follow_the_active_slabs)
+{
+    for (size_t size = 1; size <= GS_SMALL_MAX; size += size < 1024 ? 1 : 61) {
+        void *p = malloc(size);
+        cr_assert_not_null(p);
+        struct gs_heap *h = gsi_tls_mine;
+        unsigned c = gsi_size_class(size);
+        size_t i = size <= 1024 ? (size + 15) >> 4 : GS_DIRECT_INDEX_ABOVE_1K(size);
+        cr_assert_eq(h->direct[i], h->active[c], "size %zu: direct[%zu] is not class %u's active slab",
+                     size, i, c);
+        cr_assert_eq(gsi_slab_of(p), h->active[c], "size %zu: block not from the active slab", size);
+        free(p);
+    }
+}

@@ -60,6 +60,29 @@ Test(size_class, small_table_matches_classes)
     }
 }
 
+/* malloc's direct[] index of every small size names the size's class: the
+   class's [direct_first, direct_end) holds it, the ranges of the classes
+   are disjoint and in order, and together they cover every entry. */
+Test(size_class, direct_entries_name_the_class_of_every_size)
+{
+    for (size_t size = 0; size <= GS_SMALL_MAX; size++) {
+        size_t i = size <= 1024 ? (size + 15) >> 4 : GS_DIRECT_INDEX_ABOVE_1K(size);
+        cr_assert_lt(i, GS_DIRECT_ENTRIES, "size %zu: entry %zu out of the array", size, i);
+        const struct gs_class_info *ci = &gsi_classes[gsi_size_class(size)];
+        cr_assert(ci->direct_first <= i && i < ci->direct_end,
+                  "size %zu: entry %zu outside its class's [%u, %u)", size, i, ci->direct_first,
+                  ci->direct_end);
+    }
+    unsigned next = 0;
+    for (unsigned c = 0; c < GS_NCLASSES; c++) {
+        cr_assert_eq(gsi_classes[c].direct_first, next, "class %u starts at %u, not %u", c,
+                     gsi_classes[c].direct_first, next);
+        cr_assert_gt(gsi_classes[c].direct_end, next, "class %u has no entry", c);
+        next = gsi_classes[c].direct_end;
+    }
+    cr_assert_eq(next, GS_DIRECT_ENTRIES);
+}
+
 /* Waste: below 16 bytes up to 128 B, at most 12.5% of the request above. */
 Test(size_class, waste_bound)
 {
