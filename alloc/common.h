@@ -27,12 +27,6 @@ _Noreturn void gsi_fatal(const char *call, const char *what, const void *ptr);
 /* Same line without a pointer. */
 _Noreturn void gsi_fatal_msg(const char *call, const char *what);
 
-/* Starts fn on a detached background thread (the purge thread, the lazy
-   RCU thread) with every signal blocked, so that it never takes one of the
-   process's signals. Returns pthread_create's error, 0 on success. Call
-   with no allocator lock held: pthread_create allocates. */
-int gsi_thread_spawn(void *(*fn)(void *));
-
 /* GS_ASSERT: cheap internal invariants (level >= 1), GS_ASSERT_EXPENSIVE:
    fast-path and O(n) checks (level 2). When off, the expression is still
    type-checked but not evaluated. */
@@ -55,7 +49,6 @@ enum gsi_option {
     GSI_OPT_STATS,            /* GRACESLAB_STATS: print a summary at exit */
     GSI_OPT_PURGE_DELAY_MS,   /* GRACESLAB_PURGE_DELAY_MS */
     GSI_OPT_EMPTY_CACHE_MB,   /* GRACESLAB_EMPTY_CACHE_MB */
-    GSI_OPT_PURGE_THREAD,     /* GRACESLAB_PURGE_THREAD: 0 returns at once */
     GSI_OPT_HEAP_EMPTY_KB,    /* GRACESLAB_HEAP_EMPTY_KB */
     GSI_OPT_LARGE_CACHE_MB,   /* GRACESLAB_LARGE_CACHE_MB */
     GSI_OPT_RCU_LAZY_MS,      /* GRACESLAB_RCU_LAZY_MS */

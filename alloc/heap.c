@@ -753,7 +753,6 @@ static void atfork_child(void)
 {
     gsi_large_atfork_child();
     gsi_segments_atfork_child();
-    gsi_purge_atfork_child();
     for (unsigned c = 0; c < GS_NCLASSES; c++)
         pthread_mutex_init(&orphans[c].lock, NULL);
     pthread_mutex_init(&heap_lock, NULL);

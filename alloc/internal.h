@@ -21,8 +21,7 @@
  *   - Locks: segment_lock (segment.c) protects segments and their slot maps;
  *     each class's orphan_lock protects the orphan list; large_lock (large.c)
  *     the large-block cache; heap_lock (heap.c) the heap table and pool.
- *     Lock order: heap_lock -> orphan_lock[c] -> segment_lock -> large_lock;
- *     segment_lock -> purge_lock (purge.c: whether the purge thread runs).
+ *     Lock order: heap_lock -> orphan_lock[c] -> segment_lock -> large_lock.
  *     No lock is held across a call into rcu/ that may block.
  */
 #ifndef GS_ALLOC_INTERNAL_H
@@ -349,9 +348,6 @@ void gsi_slab_retire(struct gs_slab *s);
 /* Gives committed empty slabs older than the purge delay back to the OS
    (force: all of them). Returns bytes decommitted. */
 size_t gsi_segments_purge(bool force);
-/* Committed empty slabs exceed GRACESLAB_EMPTY_CACHE_MB (a hint: read
-   without the lock). */
-bool gsi_segments_over_cap(void);
 /* Calls fn(slab, arg) for every formatted slab, under segment_lock. */
 void gsi_segments_foreach(void (*fn)(struct gs_slab *, void *), void *arg);
 void gsi_segments_lock(void);
@@ -366,22 +362,6 @@ void gsi_fastmap_large(const void *left, const void *joined);
 /* Copies up to max live segments to out (tests); returns how many live. */
 size_t gsi_segments_list(struct gs_segment **out, size_t max);
 size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */
-
-/* ---------------------------------------------------------------------
- * purge.c: the thread that returns empty slabs beyond the cap after the
- * purge delay.
- * --------------------------------------------------------------------- */
-/* With segment_lock held, after a retirement took the empty slabs past the
-   cap: true if a purge thread will give them back (it runs, or *start is
-   set: the caller must call gsi_purge_start() once it holds no lock);
-   false if they must go back now (GRACESLAB_PURGE_THREAD=0). */
-bool gsi_purge_arm(bool *start);
-/* Creates the thread gsi_purge_arm() asked for; if it cannot, purges every
-   empty slab now. */
-void gsi_purge_start(void);
-void gsi_purge_atfork_child(void);
-bool gsi_purge_thread_exists(void); /* tests */
-uint64_t gsi_purge_passes(void);    /* tests: passes ever made */
 
 /* The fast map: the free fast path's way from a pointer to its slab
    metadata, one load and no branch. One entry per 64 KiB slot of address

@@ -7,8 +7,7 @@
  * |---------------------------------|---------|-------------------------------------------|
  * | GRACESLAB_STATS                 | 0       | 1: print a statistics summary at exit     |
  * | GRACESLAB_PURGE_DELAY_MS        | 100     | empty slabs kept this long before madvise  |
- * | GRACESLAB_EMPTY_CACHE_MB        | 32      | empty slabs kept without a thread: beyond this, a purge thread gives them back after the delay |
- * | GRACESLAB_PURGE_THREAD          | 1       | 0: no purge thread, slabs beyond the cap go back at once |
+ * | GRACESLAB_EMPTY_CACHE_MB        | 32      | empty slabs kept (bytes) before immediate madvise |
  * | GRACESLAB_HEAP_EMPTY_KB         | 2048    | empty slabs a thread heap keeps for reuse  |
  * | GRACESLAB_LARGE_CACHE_MB        | 64      | freed large blocks kept for reuse (bytes) |
  * | GRACESLAB_RCU_LAZY_MS           | 1000    | lazy call_rcu / pending-reclaim timeout   |
@@ -32,7 +31,6 @@ static const struct option_def option_defs[GSI_OPT_COUNT] = {
     [GSI_OPT_STATS] = {"GRACESLAB_STATS", 0},
     [GSI_OPT_PURGE_DELAY_MS] = {"GRACESLAB_PURGE_DELAY_MS", 100},
     [GSI_OPT_EMPTY_CACHE_MB] = {"GRACESLAB_EMPTY_CACHE_MB", 32},
-    [GSI_OPT_PURGE_THREAD] = {"GRACESLAB_PURGE_THREAD", 1},
     [GSI_OPT_HEAP_EMPTY_KB] = {"GRACESLAB_HEAP_EMPTY_KB", 2048},
     [GSI_OPT_LARGE_CACHE_MB] = {"GRACESLAB_LARGE_CACHE_MB", 64},
     [GSI_OPT_RCU_LAZY_MS] = {"GRACESLAB_RCU_LAZY_MS", 1000},

@@ -1,13 +1,11 @@
 /*
- * The OS layer: aligned mappings, decommit, the segment map, the clock,
- * background threads.
+ * The OS layer: aligned mappings, decommit, the segment map, the clock.
  * Every byte graceslab takes from the OS comes through here, so this is
  * also where fault injection (GRACESLAB_OS_FAIL_AFTER_MB) refuses memory.
  */
 #include "alloc/internal.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <time.h>
 
@@ -119,19 +117,4 @@ uint64_t gsi_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-int gsi_thread_spawn(void *(*fn)(void *))
-{
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_t t;
-    int err = pthread_create(&t, &attr, fn, NULL);
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    return err;
 }

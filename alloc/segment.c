@@ -3,14 +3,12 @@
  * holds the segment header with every slab's metadata, so p -> slab is two
  * masks and one load (gsi_slab_of). A slab takes 1..4 contiguous slots.
  *
- * Memory return: a retired (empty) slab stays committed ("dirty") for
- * GRACESLAB_PURGE_DELAY_MS, so a slab that empties and refills quickly
- * costs no page faults. Up to GRACESLAB_EMPTY_CACHE_MB of dirty slabs wait
- * for the next retirement or slab creation after the delay; beyond that,
- * the purge thread (purge.c) gives them back once the delay has passed,
- * so freeing a large heap returns it with no further call (or, without
- * the thread, they go back at once). Segments left with no used slot are
- * unmapped, keeping one spare.
+ * Memory return: a retired (empty) slab stays committed ("dirty") for at
+ * most GRACESLAB_PURGE_DELAY_MS, so a slab that empties and refills quickly
+ * costs no page faults; but never more than GRACESLAB_EMPTY_CACHE_MB of
+ * dirty slabs are kept, so freeing a large heap gives memory back at once,
+ * with no timer. Segments left with no used slot are unmapped, keeping one
+ * spare.
  *
  * Reuse: a retired slab whose slots stay committed keeps its format — its
  * link array holds every object on the local list — and waits on its
@@ -404,8 +402,7 @@ void gsi_slab_retire(struct gs_slab *s)
     seg->free_slots |= mask;
     seg->dirty_slots |= mask;
     __atomic_store_n(&dirty_bytes, dirty_bytes + (size_t)s->span * GS_SLOT_SIZE, __ATOMIC_RELAXED);
-    bool start_purge = false;
-    if (gsi_segments_over_cap() && !gsi_purge_arm(&start_purge)) {
+    if (dirty_bytes > (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20) {
         decommit_locked(seg, mask);
     } else if (s->free_head != GS_LINK_END) {
         /* Empty (used == 0, nothing pending or remote): every object it
@@ -417,14 +414,6 @@ void gsi_slab_retire(struct gs_slab *s)
     if (now - last_purge_ns > (uint64_t)gsi_option(GSI_OPT_PURGE_DELAY_MS) * 1000000ull)
         purge_locked(false, now);
     pthread_mutex_unlock(&segment_lock);
-    if (start_purge)
-        gsi_purge_start();
-}
-
-bool gsi_segments_over_cap(void)
-{
-    return __atomic_load_n(&dirty_bytes, __ATOMIC_RELAXED) >
-           (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20;
 }
 
 void gsi_segments_foreach(void (*fn)(struct gs_slab *, void *), void *arg)

@@ -42,6 +42,7 @@
 
 #include <limits.h>
 #include <sys/prctl.h>
+#include <signal.h>
 #include <stddef.h>
 
 enum { THREAD_NONE, THREAD_STARTING, THREAD_RUNNING };
@@ -213,7 +214,18 @@ static void ensure_thread(bool fatal)
                                                  memory_order_relaxed, memory_order_relaxed))
         return;
     gsi_rcu_init();
-    if (gsi_thread_spawn(lazy_main) != 0) {
+    /* The thread must not take the process's signals. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    int err = pthread_create(&t, &attr, lazy_main, NULL);
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err != 0) {
         if (fatal)
             gsi_fatal_msg("gs_call_rcu", "cannot create the RCU callback thread");
         /* Relaxed: back to "no thread"; a later request tries again. */

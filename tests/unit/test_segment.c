@@ -9,9 +9,7 @@
 #include "../common.h"
 
 #include <stdlib.h>
-#include <string.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 
 static char static_array[256];
 
@@ -98,10 +96,8 @@ Test(segment, segments_are_aligned_and_counted)
 Test(segment, empty_slabs_return_to_os)
 {
     /* Retirement at once is what this checks: heaps keep no empty slab
-       (each Criterion test runs in its own process); and return at once
-       beyond the cap: no purge thread. */
+       (each Criterion test runs in its own process). */
     gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 0);
-    gsi_option_set(GSI_OPT_PURGE_THREAD, 0);
     enum { N = 50000 };
     static void *ptrs[N];
     struct gs_stats before, full, after;
@@ -118,7 +114,6 @@ Test(segment, empty_slabs_return_to_os)
                   before.slabs, after.slabs);
     /* 50 MB of empty slabs, more than GRACESLAB_EMPTY_CACHE_MB (32 MiB by
        default): beyond the cache they were decommitted at once. */
-    cr_assert(!gsi_purge_thread_exists(), "purge thread started with GRACESLAB_PURGE_THREAD=0");
     size_t cache = (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20;
     cr_assert_leq(after.committed_bytes, before.committed_bytes + cache + (2u << 20),
                   "committed %zu, was %zu", after.committed_bytes, before.committed_bytes);
@@ -128,105 +123,6 @@ Test(segment, empty_slabs_return_to_os)
     cr_assert_lt(after.mapped_bytes, full.mapped_bytes);
     if (gsi_segments_count() <= before.segments)
         cr_assert_eq(gsi_map_kind(some_seg), 0, "unmapped segment still in the map");
-}
-
-/* BIG_N blocks of 1 KiB, each written: 8 MiB of slabs, past the cap the
-   tests below set (1 MiB; small, so that the loops stay short under
-   memcheck too). */
-enum { BIG_N = 8000 };
-static void *big[BIG_N];
-
-static void big_alloc(void)
-{
-    for (int i = 0; i < BIG_N; i++) {
-        big[i] = malloc(1024);
-        cr_assert_not_null(big[i]);
-        memset(big[i], i, 1024);
-    }
-}
-
-static void big_free(void)
-{
-    for (int i = 0; i < BIG_N; i++)
-        free(big[i]);
-}
-
-static long minor_faults(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_minflt;
-}
-
-/* Past the cap, the empty slabs stay committed for the purge delay (a
-   program that allocates again at once reuses them), and the purge thread
-   gives them back after it with no further allocator call, then exits. */
-Test(segment, purge_thread_returns_slabs_beyond_cap)
-{
-    gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 0);
-    gsi_option_set(GSI_OPT_EMPTY_CACHE_MB, 1);
-    /* Longer than the frees take, even under memcheck: nothing is old
-       enough to purge before the check that it was kept. */
-    gsi_option_set(GSI_OPT_PURGE_DELAY_MS, 500);
-    size_t cache = (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20;
-    cr_assert(!gsi_purge_thread_exists(), "purge thread before any memory was freed");
-    struct gs_stats before, after;
-    gs_stats_get(&before);
-    big_alloc();
-    big_free();
-    gs_stats_get(&after);
-    cr_assert_geq(after.committed_bytes, before.committed_bytes + cache + (4u << 20),
-                  "empty slabs beyond the cap not kept: committed %zu, was %zu",
-                  after.committed_bytes, before.committed_bytes);
-    cr_assert(gsi_purge_thread_exists(), "no purge thread for the slabs beyond the cap");
-    uint64_t passes0 = gsi_purge_passes();
-    /* Sleeping only: the purge must come from the thread. */
-    double start = gst_now_s();
-    do {
-        gst_sleep_ms(10);
-        gs_stats_get(&after);
-    } while (after.committed_bytes > before.committed_bytes + (1u << 20) &&
-             gst_now_s() - start < 2.0);
-    /* Within two delays (one pass may start just before the last slab
-       emptied); 2 s leaves room for a loaded machine. */
-    cr_assert_leq(after.committed_bytes, before.committed_bytes + (1u << 20),
-                  "2 s after freeing: committed %zu, was %zu before the allocations",
-                  after.committed_bytes, before.committed_bytes);
-    while (gsi_purge_thread_exists() && gst_now_s() - start < 4.0)
-        gst_sleep_ms(10);
-    cr_assert(!gsi_purge_thread_exists(), "purge thread still there with nothing to purge");
-    cr_assert_gt(gsi_purge_passes(), passes0, "memory returned, but not by the purge thread");
-}
-
-/* Allocating the same again within the purge delay takes the committed
-   slabs back: next to no page faults. Without the thread, the slabs beyond
-   the cap were decommitted and fault in again (the contrast shows that the
-   count sees the difference). */
-Test(segment, slabs_beyond_cap_reused_without_faults)
-{
-    gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 0);
-    gsi_option_set(GSI_OPT_EMPTY_CACHE_MB, 1);
-    gsi_option_set(GSI_OPT_PURGE_DELAY_MS, 60000); /* no purge during the test */
-    long over_pages = (long)((BIG_N * 1024 - ((size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20)) / 4096);
-    big_alloc();
-    big_free();
-    long f0 = minor_faults();
-    big_alloc();
-    long kept = minor_faults() - f0;
-    big_free();
-    cr_assert_lt(kept, over_pages / 10, "%ld page faults reallocating (%ld pages past the cap)",
-                 kept, over_pages);
-
-    gsi_option_set(GSI_OPT_PURGE_THREAD, 0);
-    gsi_segments_purge(true);
-    big_alloc();
-    big_free();
-    f0 = minor_faults();
-    big_alloc();
-    long dropped = minor_faults() - f0;
-    big_free();
-    cr_assert_gt(dropped, over_pages / 2, "%ld page faults without the thread (%ld pages past the cap)",
-                 dropped, over_pages);
 }
 
 /* A freed slot is reused for the next slab (dirty slots first): allocating
