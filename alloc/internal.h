@@ -61,7 +61,7 @@
 
 /* ---------------------------------------------------------------------
  * Per-object state, out of band: one 16-bit link per object in the array
- * at the front of the slab (before the first object). Never inside the
+ * near the front of the slab (before the first object). Never inside the
  * object, so pending objects stay untouched for readers.
  *   GS_LINK_ALLOCATED      object handed out
  *   0..GS_LINK_END         free, on the owner's local list (value = next)
@@ -110,8 +110,8 @@ enum gs_slab_kind {
 
 /*
  * A slab: one size class, `span` slots of 64 KiB. The metadata lives in the
- * segment header (out of band); the link array lives at the front of the
- * slab's own memory.
+ * segment header (out of band); the link array lives near the front of the
+ * slab's own memory (before the first object, at a per-slab colour offset).
  *
  * Invariant (owner's view, outside an operation), for a slab that is not
  * its heap's active slab:
@@ -126,28 +126,40 @@ enum gs_slab_kind {
  * partial list, or on its waiting list (pending objects only).
  */
 struct gs_slab {
+    /* Fast-path fields first, and the struct 64-byte aligned: free reads
+       the first line and `shift`, malloc the first line and `obj_size`.
+       In the old order, at the old (unaligned) offset in the segment
+       header, a free touched four lines, one of them shared with xstate,
+       which remote freers write. */
+    /* Mirror of the owner for the free fast path: the owner heap's key
+       (gs_heap.key: its thread's thread pointer), 0 when ownerless. Written
+       by the thread that takes or gives up ownership (relaxed; see slab.c),
+       read by any thread only to compare with its own key, which cannot
+       race: a slab stops being "mine" only by my own write. */
+    _Atomic uintptr_t owner_key;
     /* --- owner fields: read and written by the owner heap only (or by
        the thread holding the segment lock while the slab is unused) --- */
     uint16_t *link;          /* per-object links, capacity + 1 entries */
     char *start;             /* first object */
-    char *free_ptr;          /* address of object free_head (cached so that
-                                malloc returns it without a multiply on the
-                                free -> malloc dependency chain) */
-    uint64_t free_head;      /* local free list head, GS_LINK_END if empty
-                                (64-bit: an index register as loaded) */
-    uint32_t capacity;       /* objects in the slab */
-    uint64_t used;           /* see invariant above */
-    uint64_t obj_size;       /* bytes per object (class size); 64-bit so
-                                that the multiply takes it from memory */
     /* Index of an address (gsi_slab_index): exact division of the offset
        by obj_size = odd << shift, by the odd part's inverse and a rotate. */
     uint64_t inverse;
     uint64_t limit;          /* == capacity, 64-bit for the compare */
+    uint64_t free_head;      /* local free list head, GS_LINK_END if empty
+                                (64-bit: an index register as loaded) */
+    char *free_ptr;          /* address of object free_head (cached so that
+                                malloc returns it without a multiply on the
+                                free -> malloc dependency chain) */
+    uint64_t used;           /* see invariant above */
+    /* (second line) */
+    uint64_t obj_size;       /* bytes per object (class size); 64-bit so
+                                that the multiply takes it from memory */
     uint8_t shift;
-    uint32_t bump;           /* objects [bump, capacity) never linked yet */
     uint8_t cls;             /* size class */
     uint8_t span;            /* slots covered */
     uint8_t kind;            /* enum gs_slab_kind (segment lock) */
+    uint32_t capacity;       /* objects in the slab */
+    uint32_t bump;           /* objects [bump, capacity) never linked yet */
     uint8_t where;           /* enum gs_slab_where: which heap list */
     bool kept_empty;         /* empty, kept on the partial list for reuse
                                 (counted in heap->empty_bytes) */
@@ -156,13 +168,7 @@ struct gs_slab {
     struct gs_cache *cache;  /* owning dedicated cache, NULL for malloc */
     uint64_t wait_cookie;    /* waiting list: cookie it waits for */
 
-    /* --- shared fields --- */
-    /* Mirror of the owner for the free fast path: the owner heap's key
-       (gs_heap.key: its thread's thread pointer), 0 when ownerless. Written
-       by the thread that takes or gives up ownership (relaxed; see slab.c),
-       read by any thread only to compare with its own key, which cannot
-       race: a slab stops being "mine" only by my own write. */
-    _Atomic uintptr_t owner_key;
+    /* --- shared fields (and owner_key, above) --- */
     /* Owner id, remote chain: see GS_X_*. CAS by remote freers, adopters,
        and the owner. */
     _Atomic uint64_t xstate;
@@ -170,7 +176,7 @@ struct gs_slab {
     _Atomic uint64_t pending[GS_PENDING_CHAINS];
     /* Set (under orphan_lock[cls]) while on the orphan list. */
     bool orphaned;
-};
+} __attribute__((aligned(64)));
 
 enum gs_slab_where { GS_IN_NONE = 0, GS_IN_ACTIVE, GS_IN_PARTIAL, GS_IN_WAITING };
 
@@ -265,7 +271,8 @@ struct gs_heap {
 struct gs_class_info {
     uint32_t size;       /* object size */
     uint32_t capacity;   /* objects per slab */
-    uint32_t link_bytes; /* bytes before the first object */
+    uint32_t link_bytes; /* bytes before the first object (at colour 0) */
+    uint32_t colors;     /* link-array offsets, 64 B apart, that fit (gsi_class_color) */
     uint8_t span;        /* slots per slab */
     uint64_t inverse;    /* inverse of the odd part of size, mod 2^64 */
     uint8_t shift;       /* size == odd part << shift */
@@ -286,6 +293,10 @@ GS_INLINE unsigned gsi_small_class(size_t size)
     return atomic_load_explicit(&gsi_class_of_small[(size + 15) >> 4], memory_order_relaxed);
 }
 void gsi_classes_init(void);
+/* Layout of the slab of class ci at base: link array at base + *link_off,
+   first object at base + *start_off (see gsi_class_color in size_class.c). */
+void gsi_class_color(const struct gs_class_info *ci, const void *base, size_t *link_off,
+                     size_t *start_off);
 unsigned gsi_class_slow(size_t size); /* any size <= GS_SMALL_MAX */
 /* Class of 1024 < size <= GS_SMALL_MAX: 8 classes per doubling, so the top
    bit of size - 1 and the three below it, rounded up. */

@@ -5,7 +5,8 @@
  *
  * A slab of class c spans enough 64 KiB slots to hold at least 8 objects.
  * Its first bytes hold the link array (2 bytes per object, plus one
- * sentinel); objects start at the next multiple of their natural alignment
+ * sentinel), at a small offset that differs between slabs (colouring, see
+ * gsi_class_color); objects start at the next multiple of their natural alignment
  * (the largest power of two dividing the size, at most a page), so a class
  * whose size is a multiple of A hands out A-aligned objects: aligned_alloc
  * up to a page is served by ordinary slabs.
@@ -49,12 +50,35 @@ static void class_layout(struct gs_class_info *ci, uint32_t size)
         n = GS_MAX_OBJECTS;
     while (n && round_up(2 * (n + 1), align) + n * size > bytes)
         n--;
+    unsigned colors = 1;
+    while (colors < 64 && round_up(colors * 64 + 2 * (n + 1), align) + n * size <= bytes)
+        colors++;
     ci->size = size;
     ci->capacity = (uint32_t)n;
     ci->link_bytes = (uint32_t)round_up(2 * (n + 1), align);
+    ci->colors = colors;
     ci->span = (uint8_t)span;
     ci->shift = (uint8_t)__builtin_ctz(size);
     ci->inverse = odd_inverse(size >> ci->shift);
+}
+
+/* Slab colouring. The link array is what every malloc and free reads (the
+   object's state), and it used to start at the slab's first byte, a 64 KiB
+   boundary: the L1 (48 KiB, 12-way: sets by address bits 6..11) and L2
+   (2 MiB, 16-way: bits 6..16) caches of the test machine put the link
+   arrays of all slabs in the same few sets, so with a couple of hundred
+   slabs in use they evicted each other (bench/random, cachegrind with that
+   geometry: 1.14 L2 misses per malloc+free, 0.74 coloured; tcmalloc 0.48).
+   A slab's link array now starts at one of `colors` offsets 64 bytes
+   apart, chosen by its address, using only the slack the class already
+   has: the capacity is unchanged, and the objects keep their natural
+   alignment (they start at the next multiple of it after the links). */
+void gsi_class_color(const struct gs_class_info *ci, const void *base, size_t *link_off,
+                     size_t *start_off)
+{
+    size_t color = (((uintptr_t)base >> GS_SLOT_SHIFT) % ci->colors) * 64;
+    *link_off = color;
+    *start_off = round_up(color + 2 * ((size_t)ci->capacity + 1), natural_align(ci->size));
 }
 
 /* direct[] entry i names class k (entries of a class are contiguous). */

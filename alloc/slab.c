@@ -1,7 +1,7 @@
 /*
  * Objects inside a slab, and who owns the slab.
  *
- * Every object has a 16-bit link in the array at the front of the slab
+ * Every object has a 16-bit link in the array near the front of the slab
  * (out of band: never inside the object). The owner heap keeps a LIFO local
  * free list through the links; other threads free through the remote chain
  * (head and length in slab->xstate, lock-free push); gs_free_rcu() uses the
@@ -33,9 +33,11 @@ void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
     const struct gs_class_info *ci = &gsi_classes[cls];
     /* memcheck: the slots may have held objects of another class, which
        it knows as freed blocks. */
-    GS_VG_ADDRESSABLE(base, ci->link_bytes);
-    s->link = (uint16_t *)base;
-    s->start = base + ci->link_bytes;
+    size_t link_off, start_off;
+    gsi_class_color(ci, base, &link_off, &start_off);
+    GS_VG_ADDRESSABLE(base, start_off);
+    s->link = (uint16_t *)(base + link_off);
+    s->start = base + start_off;
     s->free_head = GS_LINK_END;
     s->used = 0;
     s->obj_size = ci->size;

@@ -124,6 +124,38 @@ Test(size_class, slab_layout)
     }
 }
 
+/* Colouring (gsi_class_color): at every colour a slab of the class has its
+   whole link array before its first object, the first object naturally
+   aligned, every object inside the span; colour 0 is the layout above, and
+   slabs at consecutive slots take different colours when there are some. */
+Test(size_class, slab_colors)
+{
+    unsigned colored = 0;
+    for (unsigned c = 0; c < GS_NCLASSES; c++) {
+        const struct gs_class_info *ci = &gsi_classes[c];
+        size_t bytes = (size_t)ci->span * GS_SLOT_SIZE;
+        cr_assert_geq(ci->colors, 1);
+        cr_assert_leq(ci->colors, 64);
+        colored += ci->colors > 1;
+        for (unsigned k = 0; k < ci->colors + 1; k++) {
+            /* A base whose slot number is 64 + k: colour (64 + k) mod colors. */
+            const char *base = (const char *)((uintptr_t)(64 + k) << GS_SLOT_SHIFT);
+            size_t link_off, start_off;
+            gsi_class_color(ci, base, &link_off, &start_off);
+            cr_assert_eq(link_off, (size_t)((64 + k) % ci->colors) * 64, "class %u colour %u", c, k);
+            cr_assert_geq(start_off, link_off + 2 * (ci->capacity + 1),
+                          "class %u colour %u: links overlap the objects", c, k);
+            cr_assert_eq(start_off % natural_align(ci->size), 0,
+                         "class %u colour %u: first object misaligned", c, k);
+            cr_assert_leq(start_off + (size_t)ci->capacity * ci->size, bytes,
+                          "class %u colour %u: objects overflow the span", c, k);
+            if (link_off == 0)
+                cr_assert_eq(start_off, ci->link_bytes);
+        }
+    }
+    cr_assert_geq(colored, GS_NCLASSES / 2, "only %u classes have colours", colored);
+}
+
 /* The index computation (inverse and rotate) is exact for every offset in
    every class's slab: gsi_slab_index() accepts exactly the object starts
    below capacity, and rejects the slab's tail, addresses below the first
