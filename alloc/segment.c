@@ -281,7 +281,10 @@ static size_t purge_locked(bool force, uint64_t now)
         uint64_t old = 0;
         for (uint64_t m = seg->dirty_slots; m; m &= m - 1) {
             unsigned i = (unsigned)__builtin_ctzll(m);
-            if (force || now - seg->dirty_since[i] >= delay)
+            /* `now` was read before this thread took the lock, so a slot
+               another thread retired meanwhile can be newer than it: such
+               a slot is young, not (by wraparound) ancient. */
+            if (force || (now > seg->dirty_since[i] && now - seg->dirty_since[i] >= delay))
                 old |= (uint64_t)1 << i;
         }
         if (old)

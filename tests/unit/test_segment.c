@@ -206,3 +206,29 @@ Test(segment, retired_slab_reused_as_is)
     for (int i = 0; i < n; i++)
         gsi_slab_retire(others[i]);
 }
+
+/* A purge decommits only slots empty for the purge delay. A slot whose
+   timestamp is later than the purging thread's clock reading (another
+   thread retired it after that reading, before the purge took the lock)
+   is young: it stays committed, however the subtraction wraps. */
+Test(segment, purge_keeps_slots_retired_after_its_clock_reading)
+{
+    gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 0);
+    unsigned cls = gsi_size_class(1024);
+    struct gs_slab *old = gsi_slab_new(cls), *young = gsi_slab_new(cls);
+    cr_assert(old && young);
+    struct gs_segment *so = segment_of(old), *sy = segment_of(young);
+    unsigned io = (unsigned)(old - so->slabs), iy = (unsigned)(young - sy->slabs);
+    gsi_slab_retire(old);
+    gsi_slab_retire(young);
+    cr_assert(so->dirty_slots >> io & 1, "retired slab not kept committed");
+    cr_assert(sy->dirty_slots >> iy & 1, "retired slab not kept committed");
+    uint64_t delay = (uint64_t)gsi_option(GSI_OPT_PURGE_DELAY_MS) * 1000000u;
+    gsi_segments_lock();
+    so->dirty_since[io] -= 2 * delay;  /* emptied two delays ago */
+    sy->dirty_since[iy] += 1000000000; /* "after" the purge's clock reading */
+    gsi_segments_unlock();
+    gsi_segments_purge(false);
+    cr_assert_eq(so->dirty_slots >> io & 1, 0, "a slot empty for two delays was not purged");
+    cr_assert_eq(sy->dirty_slots >> iy & 1, 1, "a slot newer than the purge's clock was purged");
+}
