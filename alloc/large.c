@@ -125,6 +125,11 @@ size_t gsi_large_trim(bool force)
 
 void *gsi_large_alloc(size_t size, size_t align, bool zero)
 {
+    /* Initialisation first, as on the small paths: whatever thread frees
+       this block reads what it set (gsi_valgrind), ordered by the hand-off
+       of the pointer only if the block was made after it (TSan, on a
+       process whose first allocation was a large block). */
+    gsi_heap_init_once();
     if (align < 16)
         align = 16;
     if (size == 0)
