@@ -56,8 +56,12 @@
    16 bytes up to 1024 ((size + 15) >> 4: entries 0..64), then one per 128
    bytes up to GS_SMALL_MAX (entries 65..312): every class boundary above
    1 KiB is a multiple of 128, so an entry names one class. */
-#define GS_DIRECT_ENTRIES (56 + (GS_SMALL_MAX >> 7) + 1)
-#define GS_DIRECT_INDEX_ABOVE_1K(size) (56 + (((size) + 127) >> 7))
+#define GS_DIRECT_BASE_ABOVE_1K ((1024 >> 4) - (1024 >> 7)) /* both formulas give 64 at 1024 */
+#define GS_DIRECT_ENTRIES (GS_DIRECT_BASE_ABOVE_1K + (GS_SMALL_MAX >> 7) + 1)
+#define GS_DIRECT_INDEX_ABOVE_1K(size) (GS_DIRECT_BASE_ABOVE_1K + (((size) + 127) >> 7))
+/* The direct[] entry of any size <= GS_SMALL_MAX (gs_malloc branches on the
+   size instead, to test for large blocks on the way). */
+#define GS_DIRECT_INDEX(size) ((size) <= 1024 ? ((size) + 15) >> 4 : GS_DIRECT_INDEX_ABOVE_1K(size))
 
 /* ---------------------------------------------------------------------
  * Per-object state, out of band: one 16-bit link per object in the array

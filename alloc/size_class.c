@@ -107,9 +107,9 @@ void gsi_classes_init(void)
         atomic_store_explicit(&gsi_class_of_small[i], (uint8_t)k, memory_order_relaxed);
         direct_add(k, i);
     }
-    /* Above 1 KiB: entry i covers sizes up to (i - 56) * 128. */
+    /* Above 1 KiB: entry i covers sizes up to (i - base) * 128. */
     for (unsigned i = GS_DIRECT_INDEX_ABOVE_1K(1025); i < GS_DIRECT_ENTRIES; i++)
-        direct_add(gsi_class_above_1k((size_t)(i - 56) << 7), i);
+        direct_add(gsi_class_above_1k((size_t)(i - GS_DIRECT_BASE_ABOVE_1K) << 7), i);
 }
 
 unsigned gsi_class_slow(size_t size)

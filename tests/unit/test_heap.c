@@ -710,7 +710,7 @@ Test(heap, direct_entries_follow_the_active_slabs)
         cr_assert_not_null(p);
         struct gs_heap *h = gsi_tls_mine;
         unsigned c = gsi_size_class(size);
-        size_t i = size <= 1024 ? (size + 15) >> 4 : GS_DIRECT_INDEX_ABOVE_1K(size);
+        size_t i = GS_DIRECT_INDEX(size);
         cr_assert_eq(h->direct[i], h->active[c], "size %zu: direct[%zu] is not class %u's active slab",
                      size, i, c);
         cr_assert_eq(gsi_slab_of(p), h->active[c], "size %zu: block not from the active slab", size);

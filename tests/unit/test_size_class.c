@@ -66,7 +66,7 @@ Test(size_class, small_table_matches_classes)
 Test(size_class, direct_entries_name_the_class_of_every_size)
 {
     for (size_t size = 0; size <= GS_SMALL_MAX; size++) {
-        size_t i = size <= 1024 ? (size + 15) >> 4 : GS_DIRECT_INDEX_ABOVE_1K(size);
+        size_t i = GS_DIRECT_INDEX(size);
         cr_assert_lt(i, GS_DIRECT_ENTRIES, "size %zu: entry %zu out of the array", size, i);
         const struct gs_class_info *ci = &gsi_classes[gsi_size_class(size)];
         cr_assert(ci->direct_first <= i && i < ci->direct_end,
