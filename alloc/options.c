@@ -16,6 +16,7 @@
  * | GRACESLAB_PENDING_EXPEDITE_KB   | 256     | pending bytes in a class that make refill start a GP |
  * | GRACESLAB_VALGRIND              | 1       | under memcheck: 1 reports blocks with client requests, 0 does not |
  * | GRACESLAB_OS_FAIL_AFTER_MB      | 0       | fault injection: OS refuses memory past this much (0: off) |
+ * | GRACESLAB_DEEPBIND              | 0       | 1: dlopen keeps RTLD_DEEPBIND (0: cleared, see dlopen.c) |
  */
 #include "alloc/common.h"
 
@@ -39,6 +40,7 @@ static const struct option_def option_defs[GSI_OPT_COUNT] = {
     [GSI_OPT_PENDING_EXPEDITE_KB] = {"GRACESLAB_PENDING_EXPEDITE_KB", 256},
     [GSI_OPT_OS_FAIL_AFTER_MB] = {"GRACESLAB_OS_FAIL_AFTER_MB", 0},
     [GSI_OPT_VALGRIND] = {"GRACESLAB_VALGRIND", 1},
+    [GSI_OPT_DEEPBIND] = {"GRACESLAB_DEEPBIND", 0},
 };
 
 /* Parsed values. Written once by whichever thread parses first; the parse is

@@ -2,18 +2,20 @@
 # Real programs with and without LD_PRELOAD=libgraceslab.so: python (a
 # selection of its regression tests and a workload script), sqlite3, git,
 # gcc, perl, redis (a server on a free loopback port, driven by a
-# deterministic redis-cli session and by redis-benchmark) and node (a
-# workload script with worker threads) on deterministic inputs. For each, stdout and the exit status
+# deterministic redis-cli session and by redis-benchmark), node (a
+# workload script with worker threads) and php (a workload script; PHP
+# opens its extensions with dlopen(RTLD_DEEPBIND), see alloc/dlopen.c) on
+# deterministic inputs. For each, stdout and the exit status
 # must be identical under both allocators. A probe first checks that each
 # program really runs on graceslab when preloaded (GRACESLAB_STATS=1 makes
 # it print its summary at exit; not set for the comparisons themselves,
 # because some programs check their children's stderr).
 #
 # usage: run_preload.sh /path/to/libgraceslab.so [check...]
-#   checks: python_regrtest python_script sqlite3 git gcc perl redis node
+#   checks: python_regrtest python_script sqlite3 git gcc perl redis node php
 #   (default: all)
 # Needs: python3 (libpython3.11-testsuite for the regression tests), sqlite3,
-# git, gcc, perl, redis-server and redis-tools, nodejs.
+# git, gcc, perl, redis-server and redis-tools, nodejs, php-cli.
 set -u
 
 so=$(readlink -f "${1:?usage: run_preload.sh libgraceslab.so [check...]}")
@@ -329,6 +331,14 @@ node_work() {
     node --expose-gc "$here/workload.js"
 }
 
+# ------------------------------------------------------------- php
+
+# USE_ZEND_ALLOC=0: PHP's values come from malloc, not its own arenas
+# (as PYTHONMALLOC=malloc for python).
+php_work() {
+    USE_ZEND_ALLOC=0 php "$here/workload.php"
+}
+
 # probe PROGRAM ARGS...: preloaded, the program must print graceslab's
 # summary, i.e. its malloc is graceslab's.
 probe() {
@@ -348,8 +358,9 @@ probe perl -e 1
 probe redis-server --version
 probe redis-cli --version
 probe node -e 'Buffer.alloc(1 << 20)'
+probe php -r 'echo 1;'
 
-checks=${*:-python_regrtest python_script sqlite3 git gcc perl redis node}
+checks=${*:-python_regrtest python_script sqlite3 git gcc perl redis node php}
 for c in $checks; do
     case $c in
     python_regrtest)
@@ -366,6 +377,7 @@ for c in $checks; do
     perl) compare perl perl_work ;;
     redis) compare redis redis_work ;;
     node) compare node node_work ;;
+    php) compare php php_work ;;
     *) echo "unknown check $c" >&2; exit 2 ;;
     esac
 done
