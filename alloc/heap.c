@@ -560,6 +560,24 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
     gsi_slab_retire(s);
 }
 
+size_t gsi_heap_trim(struct gs_heap *h)
+{
+    size_t bytes = 0;
+    for (unsigned c = 0; c < GS_NCLASSES; c++) {
+        struct gs_slab *next;
+        for (struct gs_slab *s = h->partial[c].first; s; s = next) {
+            next = s->next;
+            if (!s->kept_empty)
+                continue;
+            bytes += (size_t)s->span * GS_SLOT_SIZE;
+            unlink_owned(h, s); /* clears kept_empty and empty_bytes */
+            gsi_orphan_remove(s);
+            gsi_slab_retire(s);
+        }
+    }
+    return bytes;
+}
+
 /* A sweep reclaimed pending objects of s, which h owns and keeps on one of
    its lists: an emptied slab goes back to its segment, a waiting slab that
    now has free objects becomes partial. */

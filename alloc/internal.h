@@ -516,6 +516,8 @@ extern __thread struct gs_heap *gsi_tls_mine;
 extern struct gs_heap gsi_empty_heap;
 extern struct gs_slab gsi_empty_slab;
 struct gs_heap *gsi_heap_get(void);   /* the calling thread's heap, created on demand (NULL on OOM) */
+/* Owner: retires the empty slabs h keeps for reuse; returns their bytes. */
+size_t gsi_heap_trim(struct gs_heap *h);
 /* Slow path of malloc for a small class: refills and allocates. */
 void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size);
 /* Owner frees into its own slab (fast path body, also used by slow paths). */
@@ -596,5 +598,7 @@ GS_INLINE bool gsi_heap_owns(const struct gs_heap *h, uint64_t xstate)
  * stats.c
  * --------------------------------------------------------------------- */
 extern _Atomic size_t gsi_large_live_bytes;
+/* Writes the GRACESLAB_STATS summary to stderr (write(2), no malloc). */
+void gsi_stats_print(void);
 
 #endif /* GS_ALLOC_INTERNAL_H */

@@ -83,7 +83,7 @@ static size_t put_num(char *buf, size_t at, size_t v)
     return at;
 }
 
-static void print_summary(void)
+void gsi_stats_print(void)
 {
     struct gs_stats st;
     gs_stats_get(&st);
@@ -126,5 +126,5 @@ static void print_summary(void)
 static void __attribute__((destructor)) stats_at_exit(void)
 {
     if (gsi_option(GSI_OPT_STATS))
-        print_summary();
+        gsi_stats_print();
 }

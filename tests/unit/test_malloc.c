@@ -491,3 +491,97 @@ Test(malloc, calloc_zeroes_reused_memory)
     cr_assert_not_null(z);
     free(z);
 }
+
+/* ------------------------------------------- glibc's malloc extensions */
+
+#ifndef __clang__
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* mallinfo */
+#else
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"
+#endif
+
+/* Freed memory that graceslab keeps for reuse (the thread's empty slabs,
+   committed empty slabs, up to GRACESLAB_EMPTY_CACHE_MB) goes back to the
+   OS at malloc_trim, not one purge delay later. */
+Test(malloc, malloc_trim_gives_kept_memory_back)
+{
+    enum { N = (40 << 20) / 64 };
+    void **v = malloc(N * sizeof *v);
+    cr_assert_not_null(v);
+    for (size_t i = 0; i < N; i++) {
+        v[i] = malloc(64);
+        cr_assert_not_null(v[i]);
+        memset(v[i], 0x5a, 64); /* resident */
+    }
+    for (size_t i = 0; i < N; i++)
+        free(v[i]);
+    struct gs_stats before, after;
+    gs_stats_get(&before);
+    size_t rss_before = gst_rss_bytes();
+    cr_assert_eq(malloc_trim(0), 1, "nothing given back");
+    gs_stats_get(&after);
+    size_t rss_after = gst_rss_bytes();
+    cr_assert_geq(before.committed_bytes - after.committed_bytes, (size_t)24 << 20,
+                  "committed %zu -> %zu bytes", before.committed_bytes, after.committed_bytes);
+    cr_assert_geq(rss_before - rss_after, (size_t)24 << 20, "RSS %zu -> %zu bytes",
+                  rss_before, rss_after);
+    cr_assert_eq(malloc_trim(0), 0, "a second trim found memory to give back");
+    free(v);
+}
+
+Test(malloc, mallinfo2_counts_small_and_large_blocks)
+{
+    enum { N = 1024 };
+    static void *small[N];
+    struct mallinfo2 a = mallinfo2();
+    for (int i = 0; i < N; i++)
+        small[i] = malloc(1000);
+    void *big = malloc(8 << 20);
+    struct mallinfo2 b = mallinfo2();
+    cr_assert_eq(b.uordblks - a.uordblks, (size_t)N * malloc_usable_size(small[0]));
+    cr_assert_eq(b.hblkhd - a.hblkhd, malloc_usable_size(big));
+    cr_assert_geq(b.arena, b.uordblks);
+    struct mallinfo old = mallinfo();
+    cr_assert_eq((size_t)old.uordblks, b.uordblks, "mallinfo and mallinfo2 disagree");
+    cr_assert_eq((size_t)old.hblkhd, b.hblkhd);
+    for (int i = 0; i < N; i++)
+        free(small[i]);
+    free(big);
+    struct mallinfo2 c = mallinfo2();
+    cr_assert_eq(c.uordblks, a.uordblks);
+    cr_assert_eq(c.hblkhd, a.hblkhd);
+    cr_assert_geq(c.fordblks, (size_t)N * 1000, "freed blocks not counted free");
+}
+
+Test(malloc, malloc_stats_prints_graceslabs_summary)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        dup2(fds[1], STDERR_FILENO);
+        static void *p[5000];
+        for (int i = 0; i < 5000; i++)
+            p[i] = malloc(100);
+        malloc_stats();
+        for (int i = 0; i < 5000; i++)
+            free(p[i]);
+        _exit(0);
+    }
+    close(fds[1]);
+    char buf[4096];
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof buf - 1 && (r = read(fds[0], buf + n, sizeof buf - 1 - n)) > 0)
+        n += (size_t)r;
+    buf[n] = 0;
+    close(fds[0]);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    cr_assert(strncmp(buf, "graceslab stats: mapped ", 24) == 0, "malloc_stats wrote: %s", buf);
+    const char *line = strstr(buf, "class 112 B: live ");
+    cr_assert_not_null(line, "no line for the 112 B class: %s", buf);
+    cr_assert_geq(strtoul(line + 18, NULL, 10), 5000, "the 5000 live 100 B blocks: %s", line);
+}
