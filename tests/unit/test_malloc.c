@@ -553,35 +553,24 @@ Test(malloc, mallinfo2_counts_small_and_large_blocks)
     cr_assert_geq(c.fordblks, (size_t)N * 1000, "freed blocks not counted free");
 }
 
+static void print_stats_with_live_blocks(void *arg)
+{
+    (void)arg;
+    static void *p[5000];
+    for (int i = 0; i < 5000; i++)
+        p[i] = malloc(100);
+    malloc_stats();
+    for (int i = 0; i < 5000; i++)
+        free(p[i]);
+}
+
 Test(malloc, malloc_stats_prints_graceslabs_summary)
 {
-    int fds[2];
-    cr_assert_eq(pipe(fds), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        dup2(fds[1], STDERR_FILENO);
-        static void *p[5000];
-        for (int i = 0; i < 5000; i++)
-            p[i] = malloc(100);
-        malloc_stats();
-        for (int i = 0; i < 5000; i++)
-            free(p[i]);
-        _exit(0);
-    }
-    close(fds[1]);
-    char buf[4096];
-    size_t n = 0;
-    ssize_t r;
-    while (n < sizeof buf - 1 && (r = read(fds[0], buf + n, sizeof buf - 1 - n)) > 0)
-        n += (size_t)r;
-    buf[n] = 0;
-    close(fds[0]);
-    int status;
-    cr_assert_eq(waitpid(pid, &status, 0), pid);
-    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    cr_assert(strncmp(buf, "graceslab stats: mapped ", 24) == 0, "malloc_stats wrote: %s", buf);
-    const char *line = strstr(buf, "class 112 B: live ");
-    cr_assert_not_null(line, "no line for the 112 B class: %s", buf);
+    struct gst_child c;
+    cr_assert(gst_run_child(print_stats_with_live_blocks, NULL, &c));
+    cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0);
+    cr_assert(strncmp(c.err, "graceslab stats: mapped ", 24) == 0, "malloc_stats wrote: %s", c.err);
+    const char *line = strstr(c.err, "class 112 B: live ");
+    cr_assert_not_null(line, "no line for the 112 B class: %s", c.err);
     cr_assert_geq(strtoul(line + 18, NULL, 10), 5000, "the 5000 live 100 B blocks: %s", line);
 }
