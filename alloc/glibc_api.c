@@ -69,6 +69,8 @@ GS_EXPORT struct mallinfo mallinfo(void)
     return mi;
 }
 
+GS_EXPORT struct mallinfo __libc_mallinfo(void) __attribute__((alias("mallinfo")));
+
 /* glibc prints its arenas to stderr; graceslab prints the summary that
    GRACESLAB_STATS=1 prints at exit. */
 GS_EXPORT void malloc_stats(void)

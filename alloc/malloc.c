@@ -300,6 +300,8 @@ GS_EXPORT void *pvalloc(size_t size)
     size = size ? (size + page - 1) & ~(page - 1) : page;
     return gsi_malloc_aligned(size, page, "pvalloc");
 }
+GS_EXPORT void *__libc_valloc(size_t size) GS_ALIAS(valloc);
+GS_EXPORT void *__libc_pvalloc(size_t size) GS_ALIAS(pvalloc);
 
 /* C23: the size is a hint glibc may check; graceslab knows the size anyway. */
 GS_EXPORT void free_sized(void *p, size_t size)

@@ -31,6 +31,9 @@ void __libc_free(void *p);
 void *__libc_calloc(size_t n, size_t size);
 void *__libc_realloc(void *p, size_t size);
 void *__libc_memalign(size_t alignment, size_t size);
+void *__libc_valloc(size_t size);
+void *__libc_pvalloc(size_t size);
+struct mallinfo __libc_mallinfo(void);
 void cfree(void *p);
 
 #define TOO_BIG ((size_t)PTRDIFF_MAX + 1)
@@ -448,6 +451,15 @@ Test(malloc, libc_aliases_are_graceslab)
     cr_assert_geq(gs_usable_size(p), 5000);
     __libc_free(p);
     cfree(z);
+    void *a = __libc_memalign(256, 300), *v = __libc_valloc(100), *pv = __libc_pvalloc(100);
+    cr_assert(a && v && pv);
+    cr_assert_eq((uintptr_t)a % 256, 0);
+    cr_assert_eq((uintptr_t)v % PAGE, 0);
+    cr_assert_eq((uintptr_t)pv % PAGE, 0);
+    cr_assert_geq(gs_usable_size(pv), PAGE, "pvalloc rounds up to a page");
+    gs_free(a);
+    gs_free(v);
+    gs_free(pv);
     cr_assert_eq(live_bytes(), before);
     /* And the public names agree with the gs_ ones. */
     void *g = gs_malloc(10);
@@ -544,6 +556,7 @@ Test(malloc, mallinfo2_counts_small_and_large_blocks)
     struct mallinfo old = mallinfo();
     cr_assert_eq((size_t)old.uordblks, b.uordblks, "mallinfo and mallinfo2 disagree");
     cr_assert_eq((size_t)old.hblkhd, b.hblkhd);
+    cr_assert_eq(__libc_mallinfo().uordblks, old.uordblks, "__libc_mallinfo is not graceslab's");
     for (int i = 0; i < N; i++)
         free(small[i]);
     free(big);
