@@ -76,6 +76,7 @@ run convert convert "convert -size 400x300 gradient:blue-red -blur 0x3 -rotate 3
 run gs gs "printf '%%!PS\n/Times-Roman findfont 20 scalefont setfont 72 700 moveto (graceslab) show showpage\n' > t.ps && gs -q -dBATCH -dNOPAUSE -sDEVICE=txtwrite -sOutputFile=- t.ps"
 run gnuplot gnuplot "gnuplot -e 'set term dumb 80 25; plot sin(x)*x'"
 run xmllint xmllint "python3 -c \"print('<r>' + ''.join('<i n=\\\"%d\\\">%d</i>' % (i, i*i) for i in range(50000)) + '</r>')\" > x.xml && xmllint --format x.xml | md5sum && xmllint --xpath 'count(//i)' x.xml"
+# As root, initdb needs another user: creates a system user gstest.
 run postgres psql "export PGDATA=\$PWD/pg; U=\$(id -un); if [ \$(id -u) = 0 ]; then useradd -M gstest 2>/dev/null; mkdir pg; chown gstest pg; R='runuser -u gstest --'; chmod 777 .; else R=''; fi; PGB=\$(ls -d /usr/lib/postgresql/*/bin | head -1); \$R \$PGB/initdb -A trust -U pg >/dev/null 2>&1 && \$R \$PGB/pg_ctl -w -o '-k /tmp -p 55432 -c listen_addresses=' -l log start >/dev/null && psql -h /tmp -p 55432 -U pg -d postgres -qAt -c 'create table t as select g, md5(g::text) m from generate_series(1,200000) g; create index on t(m); select count(*), sum(length(m)) from t; select m from t order by m limit 3;' ; \$R \$PGB/pg_ctl -w stop >/dev/null"
 run tmux tmux "tmux -L gs\$\$ new-session -d 'sleep 2' && tmux -L gs\$\$ list-sessions -F '#{session_windows}' && tmux -L gs\$\$ kill-server"
 run cargo cargo "cargo new -q --vcs none hello && cd hello && cargo build -q --offline 2>/dev/null && ./target/debug/hello"
