@@ -43,11 +43,15 @@ GS_EXPORT struct mallinfo2 mallinfo2(void)
     gs_stats_get(&st);
     struct mallinfo2 mi = {0};
     size_t small_in_use = st.allocated_bytes - st.large_bytes;
-    mi.arena = st.committed_bytes > st.large_bytes ? st.committed_bytes - st.large_bytes : 0;
+    size_t cached = gsi_large_cached_bytes();
+    /* committed_bytes counts every mapping: live and cached large blocks
+       are taken out so that the cache is counted once, in fordblks. */
+    size_t large = st.large_bytes + cached;
+    mi.arena = st.committed_bytes > large ? st.committed_bytes - large : 0;
     if (mi.arena < small_in_use)
         mi.arena = small_in_use; /* racing threads: keep the sum consistent */
     mi.uordblks = small_in_use;
-    mi.fordblks = mi.arena - small_in_use + gsi_large_cached_bytes();
+    mi.fordblks = mi.arena - small_in_use + cached;
     mi.hblkhd = st.large_bytes;
     return mi;
 }
