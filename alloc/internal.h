@@ -312,15 +312,31 @@ GS_INLINE unsigned gsi_class_above_1k(size_t size)
     /* Classes for (2^top, 2^(top+1)] start at 8 + 8 * (top - 7). */
     return 8 * (top - 6) + sub;
 }
-/* Smallest class whose objects are all aligned to `align` and hold size;
-   -1 if none. */
-int gsi_class_aligned(size_t size, size_t align);
-
 GS_INLINE unsigned gsi_size_class(size_t size)
 {
     if (GS_LIKELY(size <= 1024))
         return gsi_small_class(size);
     return gsi_class_slow(size);
+}
+
+/* Smallest class whose objects are all aligned to `align` (a power of two)
+   and hold size; -1 if none.
+   It is the class of size rounded up to a multiple of align: classes in
+   (b, 2b] are every multiple of b/8 there, so a multiple of align is itself
+   a class when align > b/8, and any class there is a multiple of align when
+   align <= b/8 (both powers of two); the same holds for 16..128 in steps
+   of 16. A slab's first object is aligned to its class's natural
+   alignment (the size's lowest set bit, up to a page; gsi_class_color) and
+   the others follow at multiples of the size. tests/unit/test_size_class
+   checks every size against a search of the class table. */
+GS_INLINE int gsi_class_aligned(size_t size, size_t align)
+{
+    if (size > GS_SMALL_MAX || align > GS_PAGE)
+        return -1;
+    size_t want = ((size < align ? align : size) + align - 1) & ~(align - 1);
+    if (want > GS_SMALL_MAX)
+        return -1;
+    return (int)(want <= 1024 ? gsi_small_class(want) : gsi_class_above_1k(want));
 }
 
 /* ---------------------------------------------------------------------

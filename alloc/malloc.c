@@ -28,12 +28,17 @@
 
 /* ------------------------------------------------------------ fast paths */
 
+/* Allocates from class cls of h, a real heap (under memcheck, not the
+   fast paths' empty heap): the aligned slow path's way in. Every block
+   handed out is announced to memcheck, here as in gsi_heap_alloc_slow. */
 GS_INLINE void *alloc_class(struct gs_heap *h, unsigned cls, size_t size)
 {
     struct gs_slab *s = h->active[cls];
     if (GS_UNLIKELY(s->free_head == GS_LINK_END))
         return gsi_heap_alloc_slow(h, cls, size);
-    return gsi_slab_pop(s);
+    void *p = gsi_slab_pop(s);
+    GS_VG_ALLOC(p, size, 0);
+    return p;
 }
 
 static GS_NOINLINE void *malloc_small_slow(size_t size)
@@ -156,9 +161,24 @@ GS_EXPORT void *gs_calloc(size_t n, size_t size)
     return p;
 }
 
-void *gsi_malloc_aligned(size_t size, size_t align, const char *call)
+/* The aligned allocations' fast path: the thread's active slab of the
+   smallest class whose objects are aligned to align, if it has a free
+   object; NULL otherwise (then aligned_slow decides). Safe before
+   initialisation: the class table reads as zeros and a thread without a
+   heap sees the empty heap, whose active slabs are all empty. */
+GS_INLINE void *aligned_fast(size_t size, size_t align)
 {
-    (void)call;
+    int cls = gsi_class_aligned(size, align < 16 ? 16 : align);
+    if (GS_UNLIKELY(cls < 0))
+        return NULL;
+    struct gs_slab *s = gsi_tls_heap->active[cls];
+    if (GS_UNLIKELY(s->free_head == GS_LINK_END))
+        return NULL;
+    return gsi_slab_pop(s);
+}
+
+static GS_NOINLINE void *aligned_slow(size_t size, size_t align)
+{
     if (size > PTRDIFF_MAX) {
         errno = ENOMEM;
         return NULL;
@@ -178,6 +198,15 @@ void *gsi_malloc_aligned(size_t size, size_t align, const char *call)
         return alloc_class(h, (unsigned)cls, size);
     }
     return gsi_large_alloc(size, align, false);
+}
+
+void *gsi_malloc_aligned(size_t size, size_t align, const char *call)
+{
+    (void)call;
+    void *p = aligned_fast(size, align);
+    if (GS_LIKELY(p))
+        return p;
+    return aligned_slow(size, align);
 }
 
 GS_EXPORT void *gs_aligned_alloc(size_t alignment, size_t size)
@@ -262,8 +291,13 @@ GS_EXPORT int posix_memalign(void **out, size_t alignment, size_t size)
 {
     if (alignment < sizeof(void *) || (alignment & (alignment - 1)))
         return EINVAL;
-    int saved = errno;
-    void *p = gsi_malloc_aligned(size, alignment, "posix_memalign");
+    void *p = aligned_fast(size, alignment);
+    if (GS_LIKELY(p)) {
+        *out = p;
+        return 0;
+    }
+    int saved = errno; /* only the slow path can set it */
+    p = aligned_slow(size, alignment);
     if (!p) {
         errno = saved;
         return ENOMEM;

@@ -119,12 +119,3 @@ unsigned gsi_class_slow(size_t size)
     return gsi_class_above_1k(size);
 }
 
-int gsi_class_aligned(size_t size, size_t align)
-{
-    if (size > GS_SMALL_MAX || align > GS_PAGE)
-        return -1;
-    for (unsigned c = gsi_size_class(size < align ? align : size); c < GS_NCLASSES; c++)
-        if (natural_align(gsi_classes[c].size) >= align)
-            return (int)c;
-    return -1;
-}

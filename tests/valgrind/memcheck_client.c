@@ -5,6 +5,7 @@
  */
 #include "graceslab.h"
 
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,32 @@ int main(int argc, char **argv)
         sink = big[12345]; /* still pending: allowed */
         gs_reclaim((size_t)-1);
         sink = big[12345]; /* invalid read */
+        free(p);
+    } else if (!strcmp(s, "aligned")) {
+        /* Aligned blocks, several of one class (the second and later come
+           off the active slab without a refill): all usable, then freed. */
+        void *a[16];
+        for (int i = 0; i < 16; i++) {
+            if (posix_memalign(&a[i], 64, 100))
+                return 1;
+            memset(a[i], i, 100);
+        }
+        char *b = aligned_alloc(256, 256), *m = memalign(4096, 3000);
+        memset(b, 1, 256);
+        memset(m, 2, 3000);
+        for (int i = 0; i < 16; i++)
+            free(a[i]);
+        free(b);
+        free(m);
+        free(p);
+    } else if (!strcmp(s, "aligned_overflow")) {
+        void *a[4];
+        for (int i = 0; i < 4; i++)
+            if (posix_memalign(&a[i], 64, 100))
+                return 1;
+        sink = ((char *)a[3])[100]; /* memcheck: invalid read past the block */
+        for (int i = 0; i < 4; i++)
+            free(a[i]);
         free(p);
     } else if (!strcmp(s, "slot_reuse")) {
         /* A slab slot formatted for one class, emptied and retired, then

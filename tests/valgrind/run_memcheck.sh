@@ -31,7 +31,10 @@ expect overflow 42 'Invalid read of size 1'
 expect pending_read 0 ''
 expect read_after_gp 42 'Invalid read of size 1'
 expect large_after_gp 42 'Invalid read of size 1'
+# Aligned blocks past the first of their class (announced to memcheck too).
+expect aligned 0 ''
+expect aligned_overflow 42 'Invalid read of size 1'
 # A retired slab slot reused by a class with a longer link array.
 VG_ENV=GRACESLAB_HEAP_EMPTY_KB=0 expect slot_reuse 0 ''
-if [ $fail -eq 0 ]; then echo "8 passed, 0 failed"; else echo "memcheck scenarios failed"; fi
+if [ $fail -eq 0 ]; then echo "10 passed, 0 failed"; else echo "memcheck scenarios failed"; fi
 exit $fail
