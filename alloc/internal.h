@@ -565,6 +565,8 @@ void *gsi_large_realloc(struct gs_large *b, size_t size);
 /* The header of the large block containing p, or NULL if p is not inside
    a live large block. */
 struct gs_large *gsi_large_of(const void *p);
+/* Committed large-block bytes not in use: the cache, and the slack kept
+   mapped past the usable end of live blocks. */
 size_t gsi_large_cached_bytes(void);
 /* Unmaps cached blocks older than a second, or all (force); returns bytes. */
 size_t gsi_large_trim(bool force);

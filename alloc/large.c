@@ -7,8 +7,14 @@
  * Freed blocks are kept committed in a small cache (GRACESLAB_LARGE_CACHE_MB,
  * at most CACHE_ENTRIES blocks, each at most CACHE_MAX_AGE_NS old when it is
  * looked at) and reused best-fit: repeated multi-megabyte allocations then
- * cost no page faults. realloc of a large block moves pages with mremap
- * instead of copying.
+ * cost no page faults. A cached block much longer than the request is not
+ * shrunk while the cache budget can also hold its excess ("slack": mapped,
+ * resident, past the block's usable end, counted against the same budget
+ * until the block is freed or reallocated): a program that allocates 5 to
+ * 25 MiB blocks one after the other then reuses one 25 MiB mapping with no
+ * page faults, as glibc and tcmalloc do, instead of faulting the difference
+ * in every time it grows back. realloc of a large block moves pages with
+ * mremap instead of copying.
  *
  * Locking: large_lock protects the cache. Live blocks are only touched by
  * the thread freeing or reallocating them.
@@ -26,6 +32,11 @@
 static pthread_mutex_t large_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct gs_large *cache_first; /* most recently freed first */
 static size_t cache_bytes, cache_count;
+/* Slack of all live blocks (see above). Changed by whoever allocates,
+   frees or reallocates a block with slack; read racily against the
+   budget, which two racing allocations may overshoot by one block's
+   slack each (relaxed: a counter, it orders nothing). */
+static _Atomic size_t slack_bytes;
 
 /* With large_lock held. The counters are also read without the lock (a
    hint: is the cache worth locking?), hence relaxed atomic stores. */
@@ -41,7 +52,31 @@ void gsi_large_atfork_child(void) { pthread_mutex_init(&large_lock, NULL); }
 
 size_t gsi_large_cached_bytes(void)
 {
-    return __atomic_load_n(&cache_bytes, __ATOMIC_RELAXED);
+    return __atomic_load_n(&cache_bytes, __ATOMIC_RELAXED) +
+           atomic_load_explicit(&slack_bytes, memory_order_relaxed);
+}
+
+/* Mapped bytes of b past its usable end (whole pages; 0 unless it was
+   handed out with slack). */
+static size_t block_slack(const struct gs_large *b)
+{
+    return b->map_len - (size_t)((char *)b->user - (char *)b) - b->usable;
+}
+
+static void slack_add(ptrdiff_t bytes)
+{
+    if (bytes)
+        atomic_fetch_add_explicit(&slack_bytes, (size_t)bytes, memory_order_relaxed);
+}
+
+/* May a block keep `bytes` of slack? Only while the cache and all slack
+   stay within the cache budget. */
+static bool slack_fits(size_t bytes)
+{
+    size_t limit = (size_t)gsi_option(GSI_OPT_LARGE_CACHE_MB) << 20;
+    return __atomic_load_n(&cache_bytes, __ATOMIC_RELAXED) +
+               atomic_load_explicit(&slack_bytes, memory_order_relaxed) + bytes <=
+           limit;
 }
 
 static struct gs_large *block_resize(struct gs_large *b, size_t len);
@@ -141,7 +176,9 @@ void *gsi_large_alloc(size_t size, size_t align, bool zero)
     size_t region_align = align > GS_SEGMENT_SIZE ? align : GS_SEGMENT_SIZE;
     gsi_pending_large_refill();
     struct gs_large *b = cache_take(len, region_align);
-    if (b && (b->map_len < len || b->map_len - len > len / 4)) {
+    bool keep_slack = b && b->map_len > len && b->map_len - len > len / 4 &&
+                      slack_fits(b->map_len - len);
+    if (b && !keep_slack && (b->map_len < len || b->map_len - len > len / 4)) {
         /* The new offset first: a move keeps the region aligned for it. */
         b->user = (char *)b + off;
         struct gs_large *r = block_resize(b, len);
@@ -164,7 +201,10 @@ void *gsi_large_alloc(size_t size, size_t align, bool zero)
         gsi_map_set(b, len, GS_MAP_LARGE);
     }
     b->user = (char *)b + off;
-    b->usable = b->map_len - off;
+    /* A block within a quarter of the request is all usable; one kept
+       longer is usable up to the request and the rest is slack. */
+    b->usable = (keep_slack ? len : b->map_len) - off;
+    slack_add((ptrdiff_t)block_slack(b));
     b->next = NULL;
     b->cookie = 0;
     atomic_store_explicit(&b->state, GS_LARGE_LIVE, memory_order_relaxed);
@@ -212,6 +252,7 @@ void gsi_large_free(struct gs_large *b, const char *call)
     b->magic = 0;
     gsi_fastmap_large(b->user, NULL);
     atomic_fetch_sub_explicit(&gsi_large_live_bytes, b->usable, memory_order_relaxed);
+    slack_add(-(ptrdiff_t)block_slack(b)); /* the whole mapping is cached or unmapped */
     size_t limit = (size_t)gsi_option(GSI_OPT_LARGE_CACHE_MB) << 20;
     if (b->map_len > limit / 2) {
         block_unmap(b);
@@ -250,8 +291,10 @@ static struct gs_large *block_resize(struct gs_large *b, size_t len)
 {
     size_t old_len = b->map_len;
     size_t off = (size_t)((char *)b->user - (char *)b);
-    if (len == old_len)
+    if (len == old_len) {
+        b->usable = len - off; /* any slack becomes usable */
         return b;
+    }
     if (len < old_len) {
         /* The map units wholly in the tail are cleared before the tail is
            given back: once it is unmapped, another thread may map a
@@ -301,11 +344,13 @@ void *gsi_large_realloc(struct gs_large *b, size_t size)
     size_t len = (off + size + GS_PAGE - 1) & ~(size_t)(GS_PAGE - 1);
     void *old_user = b->user;
     size_t old_usable = b->usable;
+    size_t old_slack = block_slack(b);
     struct gs_large *nb = block_resize(b, len);
     if (!nb) {
         errno = ENOMEM;
         return NULL;
     }
+    slack_add((ptrdiff_t)block_slack(nb) - (ptrdiff_t)old_slack);
     /* Live bytes follow the new usable size (free subtracts that one). */
     atomic_fetch_add_explicit(&gsi_large_live_bytes, nb->usable - old_usable,
                               memory_order_relaxed);

@@ -9,7 +9,7 @@
  * | GRACESLAB_PURGE_DELAY_MS        | 100     | empty slabs kept this long before madvise  |
  * | GRACESLAB_EMPTY_CACHE_MB        | 32      | empty slabs kept (bytes) before immediate madvise |
  * | GRACESLAB_HEAP_EMPTY_KB         | 2048    | empty slabs a thread heap keeps for reuse  |
- * | GRACESLAB_LARGE_CACHE_MB        | 64      | freed large blocks kept for reuse (bytes) |
+ * | GRACESLAB_LARGE_CACHE_MB        | 64      | freed large blocks kept for reuse, and slack of reused ones (bytes) |
  * | GRACESLAB_RCU_LAZY_MS           | 1000    | lazy call_rcu / pending-reclaim timeout   |
  * | GRACESLAB_RCU_LAZY_BATCH        | 10000   | lazy callbacks queued before a GP starts  |
  * | GRACESLAB_RCU_FENCES            | 0       | 1: fence read side even with membarrier   |

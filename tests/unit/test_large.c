@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -113,6 +114,81 @@ Test(large, cache_reuse_bounded_and_trimmed)
     cr_assert_eq(st0.mapped_bytes - st1.mapped_bytes, trimmed);
 }
 
+static long minor_faults(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_minflt;
+}
+
+static void touch_pages(char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i += GS_PAGE)
+        p[i] = 1;
+}
+
+/* A cached block much longer than the request keeps its excess mapped
+   (slack, within the cache budget): alternating small and big requests
+   reuse one mapping without faulting pages in again. */
+Test(large, long_cached_block_reused_without_refaults)
+{
+    size_t big = 24 << 20, small = 6 << 20;
+    char *p = malloc(big);
+    struct gs_large *b = gsi_large_of(p);
+    size_t map_len = b->map_len;
+    touch_pages(p, big);
+    free(p);
+    char *q = malloc(small);
+    cr_assert_eq(gsi_large_of(q), b, "the cached block was not reused");
+    cr_assert_eq(b->map_len, map_len, "the cached block was shrunk");
+    cr_assert_geq(b->usable, small);
+    cr_assert_lt(b->usable, small + GS_PAGE, "slack counted as usable");
+    cr_assert_eq(gsi_large_cached_bytes(), map_len - (b->usable + (size_t)(q - (char *)b)),
+                 "slack not accounted");
+    touch_pages(q, small);
+    free(q);
+    long f0 = minor_faults();
+    char *r = malloc(big);
+    touch_pages(r, big);
+    long faults = minor_faults() - f0;
+    cr_assert_eq(gsi_large_of(r), b);
+    cr_assert_lt(faults, 64, "%ld page faults re-growing a block whose pages were kept", faults);
+    free(r);
+    cr_assert_eq(gsi_large_cached_bytes(), map_len);
+}
+
+/* Slack of live blocks and the cache together stay within
+   GRACESLAB_LARGE_CACHE_MB; realloc and free give the slack back. */
+Test(large, slack_bounded_by_the_cache_budget)
+{
+    gsi_option_set(GSI_OPT_LARGE_CACHE_MB, 20);
+    size_t big = 8 << 20, small = 2 << 20;
+    char *x[4];
+    for (int i = 0; i < 4; i++) {
+        free(malloc(big)); /* one 8 MiB block in the cache */
+        x[i] = malloc(small);
+    }
+    /* 6 MiB of slack each: three fit in 20 MiB, the fourth is shrunk. */
+    for (int i = 0; i < 3; i++)
+        cr_assert_geq(gsi_large_of(x[i])->map_len, big, "block %d lost its slack", i);
+    cr_assert_lt(gsi_large_of(x[3])->map_len, small + 2 * GS_PAGE,
+                 "slack beyond the budget: %zu bytes mapped", gsi_large_of(x[3])->map_len);
+    cr_assert_leq(gsi_large_cached_bytes(), (size_t)20 << 20);
+    /* realloc up to the mapping's length uses the slack, then it is gone. */
+    struct gs_large *b0 = gsi_large_of(x[0]);
+    size_t room = b0->map_len - (size_t)(x[0] - (char *)b0);
+    x[0] = realloc(x[0], room);
+    cr_assert_eq(gsi_large_of(x[0]), b0, "grown within its own mapping, not moved");
+    cr_assert_eq(b0->usable, room);
+    x[1] = realloc(x[1], 3 << 20); /* shrinks the mapping: its slack goes */
+    for (int i = 0; i < 4; i++)
+        free(x[i]);
+    gsi_large_trim(true);
+    cr_assert_eq(gsi_large_cached_bytes(), 0, "slack accounting left %zu bytes",
+                 gsi_large_cached_bytes());
+    gsi_option_set(GSI_OPT_LARGE_CACHE_MB, 64);
+}
+
 /* A block above half the cache limit is unmapped at free. */
 Test(large, big_blocks_unmapped_at_free)
 {
@@ -206,8 +282,17 @@ void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 
 Test(large, tail_unmapped_only_after_its_map_units_cleared)
 {
-    /* A cached 12 MiB block resized in place for a 132 KiB request. */
-    void *big = malloc(12 << 20);
+    /* A cached 5 MiB block resized in place for a 132 KiB request: with
+       a 12 MiB budget and two live blocks already keeping about 5 MiB of
+       slack each, it cannot keep its own. */
+    gsi_option_set(GSI_OPT_LARGE_CACHE_MB, 12);
+    void *holder[2];
+    for (int i = 0; i < 2; i++) {
+        free(malloc(5 << 20));
+        holder[i] = malloc(132 << 10);
+        cr_assert_geq(gsi_large_of(holder[i])->map_len, (size_t)5 << 20, "no slack kept");
+    }
+    void *big = malloc(5 << 20);
     cr_assert_not_null(big);
     free(big);
     watch = true;
@@ -229,4 +314,7 @@ Test(large, tail_unmapped_only_after_its_map_units_cleared)
     cr_assert_eq(gsi_map_kind(((uintptr_t)r & ~GS_SEGMENT_MASK) + (8u << 20)), 0);
     free(p);
     free(r);
+    free(holder[0]);
+    free(holder[1]);
+    gsi_option_set(GSI_OPT_LARGE_CACHE_MB, 64);
 }
