@@ -535,6 +535,15 @@ void gsi_heap_free_local(struct gs_heap *h, struct gs_slab *s, uint32_t idx, con
         gsi_heap_slab_empty(h, s);
 }
 
+/* An empty slab h owns goes back to its segment (off h's lists, and off
+   the orphan list it may also be on). */
+static void retire_owned(struct gs_heap *h, struct gs_slab *s)
+{
+    unlink_owned(h, s);
+    gsi_orphan_remove(s);
+    gsi_slab_retire(s);
+}
+
 void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
 {
     /* The active slab's charge ran out (2^62 frees): charge it again. It
@@ -546,9 +555,9 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
     }
     if (gsi_slab_has_pending(s) || s->kept_empty)
         return;
-    unlink_owned(h, s);
     size_t bytes = (size_t)s->span * GS_SLOT_SIZE;
     if (h->empty_bytes + bytes <= HEAP_EMPTY_KEEP && h->live) {
+        unlink_owned(h, s);
         /* Kept at the tail: partly used slabs are refilled first. */
         s->kept_empty = true;
         h->empty_bytes += bytes;
@@ -556,8 +565,7 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
         list_append(&h->partial[s->cls], s);
         return;
     }
-    gsi_orphan_remove(s);
-    gsi_slab_retire(s);
+    retire_owned(h, s);
 }
 
 size_t gsi_heap_trim(struct gs_heap *h)
@@ -570,9 +578,7 @@ size_t gsi_heap_trim(struct gs_heap *h)
             if (!s->kept_empty)
                 continue;
             bytes += (size_t)s->span * GS_SLOT_SIZE;
-            unlink_owned(h, s); /* clears kept_empty and empty_bytes */
-            gsi_orphan_remove(s);
-            gsi_slab_retire(s);
+            retire_owned(h, s);
         }
     }
     return bytes;

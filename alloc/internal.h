@@ -577,7 +577,7 @@ void gsi_large_atfork_child(void);
 /* ---------------------------------------------------------------------
  * malloc.c: entry points; shared helpers.
  * --------------------------------------------------------------------- */
-void *gsi_malloc_aligned(size_t size, size_t align, const char *call);
+void *gsi_malloc_aligned(size_t size, size_t align);
 /* The OS refused memory: reclaim what can be reclaimed, say whether a retry
    is worth it (pending.c). */
 bool gsi_oom_reclaim(void);

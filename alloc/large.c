@@ -69,14 +69,19 @@ static void slack_add(ptrdiff_t bytes)
         atomic_fetch_add_explicit(&slack_bytes, (size_t)bytes, memory_order_relaxed);
 }
 
+/* The budget of the cache and all slack: GRACESLAB_LARGE_CACHE_MB. */
+static size_t cache_limit(void)
+{
+    return (size_t)gsi_option(GSI_OPT_LARGE_CACHE_MB) << 20;
+}
+
 /* May a block keep `bytes` of slack? Only while the cache and all slack
    stay within the cache budget. */
 static bool slack_fits(size_t bytes)
 {
-    size_t limit = (size_t)gsi_option(GSI_OPT_LARGE_CACHE_MB) << 20;
     return __atomic_load_n(&cache_bytes, __ATOMIC_RELAXED) +
                atomic_load_explicit(&slack_bytes, memory_order_relaxed) + bytes <=
-           limit;
+           cache_limit();
 }
 
 static struct gs_large *block_resize(struct gs_large *b, size_t len);
@@ -253,7 +258,7 @@ void gsi_large_free(struct gs_large *b, const char *call)
     gsi_fastmap_large(b->user, NULL);
     atomic_fetch_sub_explicit(&gsi_large_live_bytes, b->usable, memory_order_relaxed);
     slack_add(-(ptrdiff_t)block_slack(b)); /* the whole mapping is cached or unmapped */
-    size_t limit = (size_t)gsi_option(GSI_OPT_LARGE_CACHE_MB) << 20;
+    size_t limit = cache_limit();
     if (b->map_len > limit / 2) {
         block_unmap(b);
         return;

@@ -200,9 +200,8 @@ static GS_NOINLINE void *aligned_slow(size_t size, size_t align)
     return gsi_large_alloc(size, align, false);
 }
 
-void *gsi_malloc_aligned(size_t size, size_t align, const char *call)
+void *gsi_malloc_aligned(size_t size, size_t align)
 {
-    (void)call;
     void *p = aligned_fast(size, align);
     if (GS_LIKELY(p))
         return p;
@@ -215,7 +214,7 @@ GS_EXPORT void *gs_aligned_alloc(size_t alignment, size_t size)
         errno = EINVAL;
         return NULL;
     }
-    return gsi_malloc_aligned(size, alignment, "aligned_alloc");
+    return gsi_malloc_aligned(size, alignment);
 }
 
 GS_EXPORT void *gs_realloc(void *p, size_t size)
@@ -315,13 +314,13 @@ GS_EXPORT void *memalign(size_t alignment, size_t size)
     }
     if (alignment & (alignment - 1))
         alignment = (size_t)1 << (64 - __builtin_clzl(alignment));
-    return gsi_malloc_aligned(size, alignment ? alignment : 1, "memalign");
+    return gsi_malloc_aligned(size, alignment ? alignment : 1);
 }
 GS_EXPORT void *__libc_memalign(size_t alignment, size_t size) GS_ALIAS(memalign);
 
 GS_EXPORT void *valloc(size_t size)
 {
-    return gsi_malloc_aligned(size, (size_t)sysconf(_SC_PAGESIZE), "valloc");
+    return gsi_malloc_aligned(size, (size_t)sysconf(_SC_PAGESIZE));
 }
 
 GS_EXPORT void *pvalloc(size_t size)
@@ -332,7 +331,7 @@ GS_EXPORT void *pvalloc(size_t size)
         return NULL;
     }
     size = size ? (size + page - 1) & ~(page - 1) : page;
-    return gsi_malloc_aligned(size, page, "pvalloc");
+    return gsi_malloc_aligned(size, page);
 }
 GS_EXPORT void *__libc_valloc(size_t size) GS_ALIAS(valloc);
 GS_EXPORT void *__libc_pvalloc(size_t size) GS_ALIAS(pvalloc);
