@@ -23,6 +23,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -187,6 +188,89 @@ struct gs_stats {
 /* Fills *out. Figures are a consistent-enough snapshot: counters of other
    threads are read without stopping them. Never allocates. */
 void gs_stats_get(struct gs_stats *out);
+
+/* ------------------------------------------------------------------------
+ * Inlined read side (opt-in). Define GRACESLAB_RCU_INLINE before including
+ * this header and gs_rcu_read_lock()/gs_rcu_read_unlock() expand inline,
+ * as liburcu's _LGPL_SOURCE does for its read side: same contract, no call
+ * (see docs/rcu.md for the figures). Two conditions: the program runs with
+ * the libgraceslab of the same version as this header (the inline code
+ * reads the library's per-thread record, whose layout is below), and
+ * libgraceslab is loaded at start-up (linked, or LD_PRELOAD), not with
+ * dlopen(): the record is in initial-exec TLS.
+ *
+ * The names below (gsi_*) are graceslab's internals, public only for the
+ * inline code; do not use them directly.
+ * ------------------------------------------------------------------------ */
+
+/* The part of the calling thread's reader record (rcu/engine.h) the read
+   side uses; the library checks that the layouts agree. */
+struct gsi_rcu_reader_view {
+    uint64_t snap;               /* 0 outside; inside, the sequence seen on
+                                    entry (never 0) */
+    unsigned long nested;        /* locks inside the outermost one */
+    bool fast;                   /* registered, and no fences needed
+                                    (membarrier mode) */
+    const uint64_t *gp_seq;      /* the grace-period sequence */
+    const uint32_t *gp_waiting;  /* the driver waits for readers to leave */
+};
+/* Wakes the grace-period driver that waits for readers (rcu/reader.c). */
+void gsi_rcu_wake_gp_slow(void);
+/* The calling thread's record (the library's own, under this type). */
+extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view
+    __attribute__((tls_model("initial-exec")));
+
+#ifdef GRACESLAB_RCU_INLINE
+/* The steps, orders and pairings of gs_rcu_read_lock()/unlock() in
+   rcu/reader.c, for the membarrier mode only: the first lock of an
+   unregistered thread, the fence mode and a bad unlock call the library
+   (the out-of-line functions, declared above this point, so these calls
+   are not the macros below). */
+static inline void gsi_rcu_read_lock_inline(void)
+{
+    struct gsi_rcu_reader_view *r = &gsi_rcu_self_view;
+    /* Relaxed: only this thread writes its snapshot. */
+    if (__builtin_expect(__atomic_load_n(&r->snap, __ATOMIC_RELAXED) != 0, 0)) {
+        r->nested++;
+        return;
+    }
+    if (__builtin_expect(!r->fast, 0)) {
+        gs_rcu_read_lock(); /* registers, or fence mode */
+        return;
+    }
+    /* Acquire: pairs with the store that starts a grace period. */
+    uint64_t seq = __atomic_load_n(r->gp_seq, __ATOMIC_ACQUIRE);
+    /* Release: pairs with the driver's acquire load of the snapshot. */
+    __atomic_store_n(&r->snap, seq, __ATOMIC_RELEASE);
+    /* Snapshot store before the critical section's loads: a compiler
+       barrier that the driver's membarrier(2) promotes to a full one. */
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+}
+
+static inline void gsi_rcu_read_unlock_inline(void)
+{
+    struct gsi_rcu_reader_view *r = &gsi_rcu_self_view;
+    if (__builtin_expect(r->nested != 0, 0)) {
+        r->nested--;
+        return;
+    }
+    if (__builtin_expect(!r->fast || __atomic_load_n(&r->snap, __ATOMIC_RELAXED) == 0, 0)) {
+        gs_rcu_read_unlock(); /* fence mode, or aborts: no lock to undo */
+        return;
+    }
+    /* Release: the critical section happens before a driver load that
+       sees the record quiescent. */
+    __atomic_store_n(&r->snap, 0, __ATOMIC_RELEASE);
+    /* The store above before the load of gp_waiting below
+       (store-buffering against the driver; membarrier mode, as above). */
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if (__builtin_expect(__atomic_load_n(r->gp_waiting, __ATOMIC_RELAXED) != 0, 0))
+        gsi_rcu_wake_gp_slow();
+}
+
+#define gs_rcu_read_lock gsi_rcu_read_lock_inline
+#define gs_rcu_read_unlock gsi_rcu_read_unlock_inline
+#endif /* GRACESLAB_RCU_INLINE */
 
 #ifdef __cplusplus
 }

@@ -45,12 +45,27 @@
 struct gsi_rcu_reader {
     /* 0 outside a read-side critical section; inside, the value of
        gsi_gp_seq the outermost gs_rcu_read_lock() loaded (never 0: the
-       sequence starts at GSI_GP_SEQ_BASE). Written by the owner only; read
-       by the grace-period driver under the registry lock. */
+       sequence starts at GSI_GP_SEQ_BASE), so it is also the thread's
+       "inside" flag. Written by the owner only; read by the grace-period
+       driver under the registry lock. */
     _Atomic uint64_t snap;
-    /* Nesting depth. Owner only (and the fork child / exit destructor,
-       which run on the owner thread). */
-    unsigned long nesting;
+    /* Locks nested inside the outermost one (0 when not nested): depth is
+       nested + 1 while snap != 0. Only the outermost lock and unlock then
+       write snap, one store each. Owner only (and the fork child / exit
+       destructor, which run on the owner thread). */
+    unsigned long nested;
+    /* registered && membarrier mode (!gsi_rcu_fences): the inlined read
+       side (graceslab.h, GRACESLAB_RCU_INLINE) may take its fast path;
+       otherwise it calls the library. Set when the record is linked or
+       unlinked, and again in a fork child. Owner only. */
+    bool fast;
+    /* &gsi_gp_seq and &gsi_gp_waiting, for the inlined read side, which
+       cannot name the library's globals (an executable's copy relocation
+       would split them from the library's own). Set when linked. The
+       fields up to here are laid out as struct gsi_rcu_reader_view
+       (graceslab.h; checked in thread.c). */
+    const _Atomic uint64_t *gp_seq;
+    const _Atomic uint32_t *gp_waiting;
     /* Linked into the registry? Owner writes it with the registry lock
        held; the owner reads it without. */
     bool registered;

@@ -238,7 +238,7 @@ static void gp_wait(uint64_t cookie)
 
 static void check_not_reader(const char *call)
 {
-    if (GS_UNLIKELY(gsi_rcu_self.nesting != 0))
+    if (GS_UNLIKELY(gsi_rcu_in_reader()))
         gsi_fatal_msg(call, "called inside a read-side critical section");
 }
 

@@ -5,11 +5,15 @@
  * snapshot is non-zero and below `start` (see gp.c), so readers that enter
  * after a grace period started never hold it up.
  *
- * Budget: the outermost lock is a TLS load, three predictable branches
- * (nesting, registered, mode), one load of the sequence and one store; the
- * outermost unlock one store, one load of gsi_gp_waiting and two branches.
- * In membarrier mode neither issues a fence; in fence mode each issues one.
- * Nested calls only count.
+ * The snapshot doubles as the "inside" flag (it is never 0 inside), and
+ * `nested` counts only the locks inside the outermost one, so the
+ * outermost lock and unlock each write one word. Budget: the outermost
+ * lock is a TLS load, three predictable branches (inside, registered,
+ * mode), one load of the sequence and one store; the outermost unlock one
+ * load of `nested` and of the snapshot, one store, one load of
+ * gsi_gp_waiting and three branches. In membarrier mode neither issues a
+ * fence; in fence mode each issues one. Nested calls only count.
+ * graceslab.h has the same steps inline (GRACESLAB_RCU_INLINE).
  *
  * Not async-signal-safe: a signal handler that enters a read-side critical
  * section while the interrupted code is inside gs_rcu_read_lock() itself
@@ -22,8 +26,11 @@
 GS_EXPORT void gs_rcu_read_lock(void)
 {
     struct gsi_rcu_reader *r = &gsi_rcu_self;
-    if (r->nesting++ != 0)
+    /* Relaxed: only this thread writes its snapshot. */
+    if (atomic_load_explicit(&r->snap, memory_order_relaxed) != 0) {
+        r->nested++;
         return;
+    }
     if (GS_UNLIKELY(!r->registered))
         gsi_rcu_register_slow();
     /* Acquire: pairs with the seq_cst store that starts a grace period in
@@ -49,13 +56,16 @@ GS_EXPORT void gs_rcu_read_lock(void)
 GS_EXPORT void gs_rcu_read_unlock(void)
 {
     struct gsi_rcu_reader *r = &gsi_rcu_self;
-    unsigned long n = r->nesting;
-    if (GS_LIKELY(n == 1)) {
+    if (GS_UNLIKELY(r->nested != 0)) {
+        r->nested--;
+        return;
+    }
+    /* Relaxed: only this thread writes its snapshot. */
+    if (GS_LIKELY(atomic_load_explicit(&r->snap, memory_order_relaxed) != 0)) {
         /* Release: the critical section's accesses happen before any
            driver load (acquire, gp_readers_blocking_locked()) that sees
            the record quiescent; pairs with that acquire. */
         atomic_store_explicit(&r->snap, 0, memory_order_release);
-        r->nesting = 0;
         /* Orders the store above before the load of gsi_gp_waiting below
            (store-buffering against the driver, which stores
            gsi_gp_waiting = 1 and then issues its writer barrier before
@@ -72,13 +82,12 @@ GS_EXPORT void gs_rcu_read_unlock(void)
             gsi_rcu_wake_gp_slow();
         return;
     }
-    if (GS_UNLIKELY(n == 0))
-        gsi_fatal_msg("gs_rcu_read_unlock",
-                      "unbalanced unlock: not inside a read-side critical section");
-    r->nesting = n - 1;
+    gsi_fatal_msg("gs_rcu_read_unlock",
+                  "unbalanced unlock: not inside a read-side critical section");
 }
 
-GS_NOINLINE void gsi_rcu_wake_gp_slow(void)
+/* Exported: the inlined read side (graceslab.h) calls it too. */
+GS_EXPORT GS_NOINLINE void gsi_rcu_wake_gp_slow(void)
 {
     /* Relaxed exchange: the futex wake is what matters; whoever clears the
        flag issues it. The driver rescans after every wakeup. */
@@ -88,5 +97,5 @@ GS_NOINLINE void gsi_rcu_wake_gp_slow(void)
 
 bool gsi_rcu_in_reader(void)
 {
-    return gsi_rcu_self.nesting != 0;
+    return atomic_load_explicit(&gsi_rcu_self.snap, memory_order_relaxed) != 0;
 }

@@ -22,6 +22,19 @@
 __thread struct gsi_rcu_reader gsi_rcu_self __attribute__((tls_model("initial-exec")));
 bool gsi_rcu_fences;
 
+/* The record as the inlined read side sees it: the same TLS object under
+   a public name and the public prefix type (graceslab.h). */
+extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view
+    __attribute__((alias("gsi_rcu_self"), visibility("default")));
+#define SAME_FIELD(f)                                                            \
+    (offsetof(struct gsi_rcu_reader, f) == offsetof(struct gsi_rcu_reader_view, f) && \
+     sizeof(((struct gsi_rcu_reader *)0)->f) == sizeof(((struct gsi_rcu_reader_view *)0)->f))
+_Static_assert(SAME_FIELD(snap) && SAME_FIELD(nested) && SAME_FIELD(fast) &&
+                   SAME_FIELD(gp_seq) && SAME_FIELD(gp_waiting),
+               "struct gsi_rcu_reader_view (graceslab.h) is a prefix of gsi_rcu_reader");
+_Static_assert(sizeof(gsi_gp_seq) == sizeof(uint64_t) && sizeof(gsi_gp_waiting) == sizeof(uint32_t),
+               "the inlined read side reads them as plain integers");
+
 /* Registry lock: protects registry_head and every record's next/prev and
    registered fields (writes). Lock order: GP mutex (gp.c) -> registry lock.
    Held only for list walks and link/unlink, never across a sleep. */
@@ -53,7 +66,10 @@ static void link_locked(struct gsi_rcu_reader *r)
     if (registry_head)
         registry_head->prev = r;
     registry_head = r;
+    r->gp_seq = &gsi_gp_seq;
+    r->gp_waiting = &gsi_gp_waiting;
     r->registered = true;
+    r->fast = !gsi_rcu_fences;
 }
 
 static void unlink_locked(struct gsi_rcu_reader *r)
@@ -66,6 +82,7 @@ static void unlink_locked(struct gsi_rcu_reader *r)
         r->next->prev = r->prev;
     r->next = r->prev = NULL;
     r->registered = false;
+    r->fast = false;
 }
 
 /* membarrier(2) with MEMBARRIER_CMD_PRIVATE_EXPEDITED usable? Registers the
@@ -82,7 +99,7 @@ static bool membarrier_register(void)
 static void thread_exit(void *arg)
 {
     struct gsi_rcu_reader *r = arg;
-    if (GS_UNLIKELY(r->nesting != 0))
+    if (GS_UNLIKELY(atomic_load_explicit(&r->snap, memory_order_relaxed) != 0))
         gsi_fatal_msg("pthread_exit",
                       "thread exited inside an RCU read-side critical section");
     pthread_mutex_lock(&registry_mutex);
@@ -113,6 +130,7 @@ static void atfork_child(void)
        so falling back to fences here cannot race with a reader. */
     if (!gsi_rcu_fences && !membarrier_register())
         gsi_rcu_fences = true;
+    self->fast = self->registered && !gsi_rcu_fences; /* for the inlined read side */
     gsi_gp_atfork_child();
     gsi_rcu_cb_atfork_child();
 }
@@ -155,7 +173,7 @@ GS_EXPORT void gs_rcu_register_thread(void)
 GS_EXPORT void gs_rcu_unregister_thread(void)
 {
     struct gsi_rcu_reader *r = &gsi_rcu_self;
-    if (GS_UNLIKELY(r->nesting != 0))
+    if (GS_UNLIKELY(atomic_load_explicit(&r->snap, memory_order_relaxed) != 0))
         gsi_fatal_msg("gs_rcu_unregister_thread",
                       "called inside an RCU read-side critical section");
     if (!r->registered)

@@ -46,6 +46,10 @@ struct holder {
 static void *holder_main(void *arg)
 {
     struct holder *h = arg;
+    /* Register first, so that the lock below is a registered thread's:
+       in the test_rcu_inline build that is the inline fast path (a first
+       lock goes through the library). */
+    gs_rcu_register_thread();
     gs_rcu_read_lock();
     atomic_store(&h->inside, 1);
     while (!atomic_load(&h->release))
@@ -455,6 +459,49 @@ Test(rcu, register_unregister)
     cr_assert(gsi_rcu_self.registered);
     gs_rcu_read_unlock();
     gs_synchronize_rcu();
+}
+
+/* ---- The record as the inlined read side (GRACESLAB_RCU_INLINE) sees it.
+   In the test_rcu_inline build every gs_rcu_read_lock/unlock here is the
+   header's inline version; in test_rcu, the library's. Either way the
+   record must hold what the inline version reads. ---- */
+
+static void *view_thread(void *arg)
+{
+    int *failed = arg;
+    struct gsi_rcu_reader *r = &gsi_rcu_self;
+    struct gsi_rcu_reader_view *v = &gsi_rcu_self_view;
+#define CHECK(c) do { if (!(c)) { *failed = __LINE__; return NULL; } } while (0)
+    CHECK((void *)v == (void *)r);        /* one object, two names */
+    CHECK(!r->registered && !r->fast && atomic_load(&r->snap) == 0 && r->nested == 0);
+    gs_rcu_read_lock();                   /* first use: registers */
+    CHECK(r->registered && r->fast == !gsi_rcu_fences);
+    CHECK(r->gp_seq == &gsi_gp_seq && r->gp_waiting == &gsi_gp_waiting);
+    CHECK(atomic_load(&r->snap) != 0 && atomic_load(&r->snap) <= atomic_load(&gsi_gp_seq));
+    CHECK(r->nested == 0 && gsi_rcu_in_reader());
+    gs_rcu_read_lock();
+    CHECK(r->nested == 1);
+    gs_rcu_read_unlock();
+    CHECK(r->nested == 0 && atomic_load(&r->snap) != 0);
+    gs_rcu_read_unlock();
+    CHECK(r->nested == 0 && atomic_load(&r->snap) == 0 && !gsi_rcu_in_reader());
+    gs_rcu_unregister_thread();
+    CHECK(!r->registered && !r->fast);
+    gs_rcu_read_lock();                   /* re-registers */
+    CHECK(r->registered && r->fast == !gsi_rcu_fences && atomic_load(&r->snap) != 0);
+    gs_rcu_read_unlock();
+    CHECK(r->nested == 0 && atomic_load(&r->snap) == 0);
+#undef CHECK
+    return NULL;
+}
+
+Test(rcu, reader_record_as_the_inline_side_reads_it)
+{
+    int failed = 0;
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, view_thread, &failed), 0);
+    pthread_join(t, NULL);
+    cr_assert_eq(failed, 0, "check at test_rcu.c:%d failed", failed);
 }
 
 /* ---- Fork with readers running. ---- */
