@@ -197,7 +197,10 @@ void gs_stats_get(struct gs_stats *out);
  * the libgraceslab of the same version as this header (the inline code
  * reads the library's per-thread record, whose layout is below), and
  * libgraceslab is loaded at start-up (linked, or LD_PRELOAD), not with
- * dlopen(): the record is in initial-exec TLS.
+ * dlopen(): the record is in initial-exec TLS. The record's symbol carries
+ * its layout version (_v1): a library whose record differs does not export
+ * it, so the program fails to load instead of reading the wrong fields.
+ * Needs C99 or later, or C++ (inline functions).
  *
  * The names below (gsi_*) are graceslab's internals, public only for the
  * inline code; do not use them directly.
@@ -216,8 +219,9 @@ struct gsi_rcu_reader_view {
 };
 /* Wakes the grace-period driver that waits for readers (rcu/reader.c). */
 void gsi_rcu_wake_gp_slow(void);
-/* The calling thread's record (the library's own, under this type). */
-extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view
+/* The calling thread's record (the library's own, under this type). The
+   suffix is the layout version: bump it with any change to the view. */
+extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view_v1
     __attribute__((tls_model("initial-exec")));
 
 #ifdef GRACESLAB_RCU_INLINE
@@ -228,7 +232,7 @@ extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view
    are not the macros below). */
 static inline void gsi_rcu_read_lock_inline(void)
 {
-    struct gsi_rcu_reader_view *r = &gsi_rcu_self_view;
+    struct gsi_rcu_reader_view *r = &gsi_rcu_self_view_v1;
     /* Relaxed: only this thread writes its snapshot. */
     if (__builtin_expect(__atomic_load_n(&r->snap, __ATOMIC_RELAXED) != 0, 0)) {
         r->nested++;
@@ -249,7 +253,7 @@ static inline void gsi_rcu_read_lock_inline(void)
 
 static inline void gsi_rcu_read_unlock_inline(void)
 {
-    struct gsi_rcu_reader_view *r = &gsi_rcu_self_view;
+    struct gsi_rcu_reader_view *r = &gsi_rcu_self_view_v1;
     if (__builtin_expect(r->nested != 0, 0)) {
         r->nested--;
         return;

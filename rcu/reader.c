@@ -15,9 +15,14 @@
  * fence; in fence mode each issues one. Nested calls only count.
  * graceslab.h has the same steps inline (GRACESLAB_RCU_INLINE).
  *
- * Not async-signal-safe: a signal handler that enters a read-side critical
- * section while the interrupted code is inside gs_rcu_read_lock() itself
- * may be left unprotected (the same holds for liburcu).
+ * Signal handlers may use the read side. On a registered thread, a handler
+ * that interrupts lock or unlock at any instruction leaves the record as
+ * it found it: it either sees the snapshot unset and publishes and clears
+ * its own (the interrupted lock then stores a snapshot loaded no later
+ * than the handler's, which only makes grace periods wait longer), or it
+ * sees it set and counts in `nested`, which it restores. A thread's first
+ * lock registers it with every signal blocked (thread.c), so a handler
+ * never re-enters the registry lock or links the record twice.
  */
 #include "rcu/engine.h"
 #include "rcu/internal.h"

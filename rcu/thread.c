@@ -24,7 +24,7 @@ bool gsi_rcu_fences;
 
 /* The record as the inlined read side sees it: the same TLS object under
    a public name and the public prefix type (graceslab.h). */
-extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view
+extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view_v1
     __attribute__((alias("gsi_rcu_self"), visibility("default")));
 #define SAME_FIELD(f)                                                            \
     (offsetof(struct gsi_rcu_reader, f) == offsetof(struct gsi_rcu_reader_view, f) && \
@@ -42,7 +42,28 @@ static pthread_mutex_t registry_mutex = PTHREAD_MUTEX_INITIALIZER;
 static struct gsi_rcu_reader *registry_head;
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static atomic_bool init_done; /* set last by init_once_fn() */
 static pthread_key_t exit_key;
+
+/* Registration, unregistration and the one-time init run with every
+   signal blocked on the calling thread. A signal handler may enter a
+   read-side critical section, and on a thread that is not yet registered
+   that registers it: were it to interrupt this thread inside one of these
+   paths, it would wait on the registry lock (or the pthread_once) that the
+   interrupted code holds, or link the record a second time. Blocked, the
+   signal is delivered when the path is done, and the handler finds the
+   thread registered. Costs two system calls, once per thread. */
+static void signals_block(sigset_t *saved)
+{
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, saved);
+}
+
+static void signals_restore(const sigset_t *saved)
+{
+    pthread_sigmask(SIG_SETMASK, saved, NULL);
+}
 
 void gsi_rcu_registry_lock(void)
 {
@@ -102,10 +123,13 @@ static void thread_exit(void *arg)
     if (GS_UNLIKELY(atomic_load_explicit(&r->snap, memory_order_relaxed) != 0))
         gsi_fatal_msg("pthread_exit",
                       "thread exited inside an RCU read-side critical section");
+    sigset_t saved;
+    signals_block(&saved);
     pthread_mutex_lock(&registry_mutex);
     if (r->registered)
         unlink_locked(r);
     pthread_mutex_unlock(&registry_mutex);
+    signals_restore(&saved);
 }
 
 static void atfork_prepare(void)
@@ -143,25 +167,39 @@ static void init_once_fn(void)
         gsi_fatal_msg("gs_rcu_register_thread", "pthread_key_create failed");
     if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0)
         gsi_fatal_msg("gs_rcu_register_thread", "pthread_atfork failed");
+    /* Release: pairs with the acquire load in gsi_rcu_init(); a thread that
+       sees the flag sees the mode and the key. */
+    atomic_store_explicit(&init_done, true, memory_order_release);
 }
 
 void gsi_rcu_init(void)
 {
+    /* Acquire: pairs with the release store at the end of init_once_fn(). */
+    if (GS_LIKELY(atomic_load_explicit(&init_done, memory_order_acquire)))
+        return;
+    sigset_t saved;
+    signals_block(&saved);
     pthread_once(&init_once, init_once_fn);
+    signals_restore(&saved);
 }
 
 void gsi_rcu_register_slow(void)
 {
     struct gsi_rcu_reader *r = &gsi_rcu_self;
-    gsi_rcu_init();
-    if (r->registered)
-        return;
-    pthread_mutex_lock(&registry_mutex);
-    link_locked(r);
-    pthread_mutex_unlock(&registry_mutex);
-    /* Arms thread_exit(). Keys below PTHREAD_KEY_2NDLEVEL_SIZE use the
-       thread descriptor's inline array: no allocation. */
-    pthread_setspecific(exit_key, r);
+    sigset_t saved;
+    signals_block(&saved);
+    /* Checked with signals blocked: a handler may have registered the
+       thread between the caller's check and here. */
+    if (!r->registered) {
+        gsi_rcu_init();
+        pthread_mutex_lock(&registry_mutex);
+        link_locked(r);
+        pthread_mutex_unlock(&registry_mutex);
+        /* Arms thread_exit(). Keys below PTHREAD_KEY_2NDLEVEL_SIZE use the
+           thread descriptor's inline array: no allocation. */
+        pthread_setspecific(exit_key, r);
+    }
+    signals_restore(&saved);
 }
 
 GS_EXPORT void gs_rcu_register_thread(void)
@@ -178,8 +216,11 @@ GS_EXPORT void gs_rcu_unregister_thread(void)
                       "called inside an RCU read-side critical section");
     if (!r->registered)
         return;
+    sigset_t saved;
+    signals_block(&saved);
     pthread_mutex_lock(&registry_mutex);
     unlink_locked(r);
     pthread_mutex_unlock(&registry_mutex);
     pthread_setspecific(exit_key, NULL);
+    signals_restore(&saved);
 }

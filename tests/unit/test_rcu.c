@@ -470,7 +470,7 @@ static void *view_thread(void *arg)
 {
     int *failed = arg;
     struct gsi_rcu_reader *r = &gsi_rcu_self;
-    struct gsi_rcu_reader_view *v = &gsi_rcu_self_view;
+    struct gsi_rcu_reader_view *v = &gsi_rcu_self_view_v1;
 #define CHECK(c) do { if (!(c)) { *failed = __LINE__; return NULL; } } while (0)
     CHECK((void *)v == (void *)r);        /* one object, two names */
     CHECK(!r->registered && !r->fast && atomic_load(&r->snap) == 0 && r->nested == 0);
@@ -502,6 +502,211 @@ Test(rcu, reader_record_as_the_inline_side_reads_it)
     cr_assert_eq(pthread_create(&t, NULL, view_thread, &failed), 0);
     pthread_join(t, NULL);
     cr_assert_eq(failed, 0, "check at test_rcu.c:%d failed", failed);
+}
+
+/* ---- Signal handlers as readers. A handler may take the read side at any
+   point of the thread it interrupts: in the middle of gs_rcu_read_lock()
+   or unlock(), and during the thread's first lock, which registers it. ---- */
+
+static atomic_int sig_hits;
+
+static void reader_handler(int sig)
+{
+    (void)sig;
+    gs_rcu_read_lock();
+    atomic_fetch_add(&sig_hits, 1);
+    gs_rcu_read_unlock();
+}
+
+static void handle_with_reader(int sig)
+{
+    struct sigaction sa = {.sa_handler = reader_handler};
+    sigemptyset(&sa.sa_mask);
+    cr_assert_eq(sigaction(sig, &sa, NULL), 0);
+}
+
+/* Records in the registry, following next and checking every prev; -1 if
+   the list is malformed (a record linked twice makes a cycle). */
+static int registry_count_locked(void)
+{
+    int n = 0;
+    struct gsi_rcu_reader *prev = NULL;
+    for (struct gsi_rcu_reader *r = gsi_rcu_registry_first_locked(); r; r = r->next) {
+        if (r->prev != prev || ++n > 100000)
+            return -1;
+        prev = r;
+    }
+    return n;
+}
+
+struct registrant {
+    atomic_int started, done, leave;
+};
+
+static void *registrant_main(void *arg)
+{
+    struct registrant *g = arg;
+    atomic_store(&g->started, 1);
+    gs_rcu_read_lock(); /* first lock: registers (waits for the registry lock) */
+    gs_rcu_read_unlock();
+    atomic_store(&g->done, 1);
+    while (!atomic_load(&g->leave))
+        sleep_ms(1);
+    return NULL;
+}
+
+/* The test holds the registry lock, so the new thread's first lock stops
+   inside registration; a signal then arrives whose handler takes the read
+   side. Without signals blocked there, the handler registers the record
+   and the interrupted registration links it a second time (a cycle). */
+Test(rcu, signal_during_registration)
+{
+    handle_with_reader(SIGUSR1);
+    gs_rcu_register_thread(); /* engine initialised; this thread counted */
+    gsi_rcu_registry_lock();
+    int before = registry_count_locked();
+    struct registrant g;
+    atomic_init(&g.started, 0);
+    atomic_init(&g.done, 0);
+    atomic_init(&g.leave, 0);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, registrant_main, &g), 0);
+    while (!atomic_load(&g.started))
+        sleep_ms(1);
+    sleep_ms(100); /* the thread now waits for the registry lock */
+    cr_assert_eq(pthread_kill(t, SIGUSR1), 0);
+    sleep_ms(100);
+    int hits_while_registering = atomic_load(&sig_hits);
+    bool done_while_locked = atomic_load(&g.done);
+    gsi_rcu_registry_unlock();
+    while (!atomic_load(&g.done))
+        sleep_ms(1);
+    while (atomic_load(&sig_hits) == 0) /* delivered once registration is over */
+        sleep_ms(1);
+    cr_assert_eq(hits_while_registering, 0);
+    cr_assert_not(done_while_locked);
+    gsi_rcu_registry_lock();
+    int with_thread = registry_count_locked();
+    gsi_rcu_registry_unlock();
+    cr_assert_eq(with_thread, before + 1, "registry: %d records, expected %d", with_thread,
+                 before + 1);
+    atomic_store(&g.leave, 1);
+    pthread_join(t, NULL);
+    gsi_rcu_registry_lock();
+    int after = registry_count_locked();
+    gsi_rcu_registry_unlock();
+    cr_assert_eq(after, before);
+    cr_assert_eq(atomic_load(&sig_hits), 1);
+}
+
+/* Storm: reader threads (new ones keep starting, so first locks are in the
+   mix) enter and leave read-side sections in a loop while a sender
+   interrupts them with a handler that reads too; the updater replaces the
+   shared object, waits for a grace period and poisons the old one. Any
+   reader, in a handler or not, that sees poison was left unprotected. */
+enum { STORM_READERS = 4, STORM_OBJS = 64 };
+struct storm_obj {
+    atomic_int state; /* 1 live, 2 poisoned */
+};
+static struct storm_obj storm_objs[STORM_OBJS];
+static _Atomic(struct storm_obj *) storm_cur;
+static atomic_int storm_stop, storm_bad;
+static atomic_long storm_handler_reads;
+static pthread_t storm_tids[STORM_READERS];
+static atomic_int storm_tid_ready[STORM_READERS];
+
+static void storm_read(void)
+{
+    gs_rcu_read_lock();
+    struct storm_obj *o = atomic_load_explicit(&storm_cur, memory_order_acquire);
+    for (int i = 0; i < 8; i++)
+        if (atomic_load_explicit(&o->state, memory_order_relaxed) != 1)
+            atomic_store(&storm_bad, 1);
+    gs_rcu_read_unlock();
+}
+
+static void storm_handler(int sig)
+{
+    (void)sig;
+    storm_read();
+    gs_rcu_read_lock(); /* nested inside whatever the thread was doing */
+    storm_read();
+    gs_rcu_read_unlock();
+    atomic_fetch_add(&storm_handler_reads, 1);
+}
+
+static void *storm_reader(void *arg)
+{
+    long slot = (long)arg;
+    for (int gen = 0; !atomic_load(&storm_stop); gen++) {
+        /* Each pass is a new, unregistered thread's worth of work: the
+           first lock registers under the storm. */
+        for (int i = 0; i < 2000 && !atomic_load(&storm_stop); i++)
+            storm_read();
+        gs_rcu_unregister_thread();
+    }
+    (void)slot;
+    return NULL;
+}
+
+static void *storm_sender(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&storm_stop))
+        for (int i = 0; i < STORM_READERS; i++)
+            if (atomic_load(&storm_tid_ready[i]))
+                pthread_kill(storm_tids[i], SIGUSR2);
+    return NULL;
+}
+
+static void storm_alarm(int sig)
+{
+    (void)sig;
+    static const char msg[] = "signal storm: no progress in 60 s (deadlock)\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+    _exit(1);
+}
+
+Test(rcu, signal_handlers_read_during_a_storm)
+{
+    struct sigaction sa = {.sa_handler = storm_handler};
+    sigemptyset(&sa.sa_mask);
+    cr_assert_eq(sigaction(SIGUSR2, &sa, NULL), 0);
+    signal(SIGALRM, storm_alarm);
+    alarm(60);
+    for (int i = 0; i < STORM_OBJS; i++)
+        atomic_init(&storm_objs[i].state, 0);
+    atomic_store(&storm_objs[0].state, 1);
+    atomic_store(&storm_cur, &storm_objs[0]);
+    for (long i = 0; i < STORM_READERS; i++) {
+        cr_assert_eq(pthread_create(&storm_tids[i], NULL, storm_reader, (void *)i), 0);
+        atomic_store(&storm_tid_ready[i], 1);
+    }
+    pthread_t sender;
+    cr_assert_eq(pthread_create(&sender, NULL, storm_sender, NULL), 0);
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    long updates = 0;
+    do {
+        struct storm_obj *old = atomic_load(&storm_cur);
+        struct storm_obj *next = &storm_objs[(old - storm_objs + 1) % STORM_OBJS];
+        atomic_store(&next->state, 1);
+        atomic_store_explicit(&storm_cur, next, memory_order_release);
+        gs_synchronize_rcu();
+        atomic_store(&old->state, 2); /* no reader can still hold it */
+        updates++;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+    } while ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 < 1500);
+    atomic_store(&storm_stop, 1);
+    pthread_join(sender, NULL);
+    for (int i = 0; i < STORM_READERS; i++)
+        pthread_join(storm_tids[i], NULL);
+    alarm(0);
+    cr_assert_eq(atomic_load(&storm_bad), 0, "a reader saw a poisoned object");
+    cr_assert(updates > 10, "only %ld grace periods", updates);
+    cr_assert(atomic_load(&storm_handler_reads) > 100, "only %ld handler reads",
+              atomic_load(&storm_handler_reads));
 }
 
 /* ---- Fork with readers running. ---- */
