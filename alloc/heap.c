@@ -253,6 +253,11 @@ static void thread_exit(void *arg)
         heap_abandon(h);
 }
 
+bool gsi_heap_thread_exiting(void)
+{
+    return tls_exiting;
+}
+
 void gsi_heap_init_once(void)
 {
     if (GS_LIKELY(atomic_load_explicit(&init_state, memory_order_acquire) == 2))

@@ -69,11 +69,27 @@ struct gsi_rcu_reader {
     /* Linked into the registry? Owner writes it with the registry lock
        held; the owner reads it without. */
     bool registered;
+    /* The exit destructor has unlinked the record: the thread is exiting
+       and must not link it again (glibc may not run the destructor once
+       more, and the TLS goes away with the thread). Later read-side
+       sections of the thread are anonymous (below). Owner only. */
+    bool exited;
     /* Registry links; registry lock. */
     struct gsi_rcu_reader *next, *prev;
 };
 
 extern __thread struct gsi_rcu_reader gsi_rcu_self;
+
+/* Anonymous read-side sections: when the thread cannot link its record
+ * without waiting (the registry lock is held, perhaps by the very code a
+ * signal handler interrupted: a grace-period scan, a fork, the thread's
+ * own registration) or must not (it is exiting), its outermost lock counts
+ * itself in gsi_rcu_anon_readers instead and sets snap to this marker;
+ * every grace period waits for the count to be 0. The marker is never below
+ * a grace period's start, so a scan would never wait on it; and an
+ * unregistered record is not scanned anyway. */
+#define GSI_RCU_SNAP_ANON UINT64_MAX
+extern _Atomic unsigned long gsi_rcu_anon_readers;
 
 /* Read-side mode, chosen once by gsi_rcu_init() before any thread is
    registered (pthread_once orders it before every read side that can run):
@@ -94,7 +110,9 @@ extern _Atomic uint32_t gsi_gp_waiting;
 
 /* thread.c */
 void gsi_rcu_init(void);               /* idempotent, pthread_once */
-void gsi_rcu_register_slow(void);      /* links gsi_rcu_self */
+/* Links gsi_rcu_self, waiting for the registry lock if `wait`; false if
+   it did not (lock busy, or the thread exiting). */
+bool gsi_rcu_register_slow(bool wait);
 void gsi_rcu_registry_lock(void);
 void gsi_rcu_registry_unlock(void);
 /* First record of the registry (registry lock held). */

@@ -151,6 +151,11 @@ static void gp_end_locked(uint64_t start)
    open? gp_mutex held; takes the registry lock. */
 static bool gp_readers_blocking_locked(uint64_t start)
 {
+    /* seq_cst: after the writer barrier that follows the start (and, when
+       waiting, the store of gsi_gp_waiting); pairs with the seq_cst RMWs
+       and fences of the anonymous sections (reader.c). */
+    if (atomic_load_explicit(&gsi_rcu_anon_readers, memory_order_seq_cst) != 0)
+        return true;
     bool blocked = false;
     gsi_rcu_registry_lock();
     for (struct gsi_rcu_reader *r = gsi_rcu_registry_first_locked(); r; r = r->next) {

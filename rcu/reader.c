@@ -20,13 +20,59 @@
  * it found it: it either sees the snapshot unset and publishes and clears
  * its own (the interrupted lock then stores a snapshot loaded no later
  * than the handler's, which only makes grace periods wait longer), or it
- * sees it set and counts in `nested`, which it restores. A thread's first
- * lock registers it with every signal blocked (thread.c), so a handler
- * never re-enters the registry lock or links the record twice.
+ * sees it set and counts in `nested`, which it restores. A lock on an
+ * unregistered thread links the record only if the registry lock is free
+ * (a try-lock: the code the handler interrupted may hold it, in a
+ * grace-period scan, a fork or its own registration) and the thread is not
+ * exiting; otherwise the section is anonymous: counted in
+ * gsi_rcu_anon_readers, for which every grace period waits (engine.h).
+ * So a handler never waits for a lock.
  */
 #include "rcu/engine.h"
 #include "rcu/internal.h"
 #include "graceslab.h"
+
+_Atomic unsigned long gsi_rcu_anon_readers;
+
+/* Outermost lock of an anonymous section (the record is not linked).
+   Order against signal handlers on this thread: count first, mark second.
+   A handler between the two sees no section (snap 0) and runs its own; one
+   after the mark nests, inside the counted section. */
+static GS_NOINLINE void anon_lock(struct gsi_rcu_reader *r)
+{
+    /* seq_cst RMW, then a seq_cst fence before the critical section's
+       loads: store-buffering against the driver, which starts the grace
+       period (seq_cst store), issues its writer barrier and then loads the
+       count (seq_cst, gp_readers_blocking_locked()). Either the driver sees
+       this increment and waits for the decrement, or the increment and the
+       fence come after its load in the total order, and the loads of the
+       critical section see what the updater unlinked before the start. */
+    atomic_fetch_add_explicit(&gsi_rcu_anon_readers, 1, memory_order_seq_cst);
+    atomic_thread_fence(memory_order_seq_cst);
+    /* Relaxed: owner only (handlers run on this thread). */
+    atomic_store_explicit(&r->snap, GSI_RCU_SNAP_ANON, memory_order_relaxed);
+    /* A handler may have linked the record between the caller's test and
+       the mark (no handler links it after: register_slow refuses inside a
+       section). The inlined unlock must still call anon_unlock(). */
+    r->fast = false;
+}
+
+/* Outermost unlock of an anonymous section. Unmark first, uncount second:
+   a handler between the two runs its own section. */
+static GS_NOINLINE void anon_unlock(struct gsi_rcu_reader *r)
+{
+    atomic_store_explicit(&r->snap, 0, memory_order_relaxed);
+    r->fast = r->registered && !gsi_rcu_fences;
+    /* Release (in the seq_cst RMW): the critical section happens before
+       the driver's load that sees the count drop; pairs with that load. */
+    atomic_fetch_sub_explicit(&gsi_rcu_anon_readers, 1, memory_order_seq_cst);
+    /* Decrement before the load of gsi_gp_waiting (store-buffering against
+       the driver's store of it, writer barrier, rescan; as in
+       gs_rcu_read_unlock()). */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&gsi_gp_waiting, memory_order_relaxed))
+        gsi_rcu_wake_gp_slow();
+}
 
 GS_EXPORT void gs_rcu_read_lock(void)
 {
@@ -36,8 +82,10 @@ GS_EXPORT void gs_rcu_read_lock(void)
         r->nested++;
         return;
     }
-    if (GS_UNLIKELY(!r->registered))
-        gsi_rcu_register_slow();
+    if (GS_UNLIKELY(!r->registered) && !gsi_rcu_register_slow(false)) {
+        anon_lock(r);
+        return;
+    }
     /* Acquire: pairs with the seq_cst store that starts a grace period in
        gp_start_locked(); a reader that sees the new sequence (and so is not
        waited for) sees everything the updater did before the start. */
@@ -66,7 +114,12 @@ GS_EXPORT void gs_rcu_read_unlock(void)
         return;
     }
     /* Relaxed: only this thread writes its snapshot. */
-    if (GS_LIKELY(atomic_load_explicit(&r->snap, memory_order_relaxed) != 0)) {
+    uint64_t snap = atomic_load_explicit(&r->snap, memory_order_relaxed);
+    if (GS_UNLIKELY(snap == GSI_RCU_SNAP_ANON)) {
+        anon_unlock(r);
+        return;
+    }
+    if (GS_LIKELY(snap != 0)) {
         /* Release: the critical section's accesses happen before any
            driver load (acquire, gp_readers_blocking_locked()) that sees
            the record quiescent; pairs with that acquire. */

@@ -45,14 +45,14 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static atomic_bool init_done; /* set last by init_once_fn() */
 static pthread_key_t exit_key;
 
-/* Registration, unregistration and the one-time init run with every
-   signal blocked on the calling thread. A signal handler may enter a
-   read-side critical section, and on a thread that is not yet registered
-   that registers it: were it to interrupt this thread inside one of these
-   paths, it would wait on the registry lock (or the pthread_once) that the
-   interrupted code holds, or link the record a second time. Blocked, the
-   signal is delivered when the path is done, and the handler finds the
-   thread registered. Costs two system calls, once per thread. */
+/* Unregistration and the one-time init run with every signal blocked on
+   the calling thread. A signal handler may enter a read-side critical
+   section, and on a thread that is not registered that links its record:
+   between gs_rcu_unregister_thread()'s unlink and its disarming of the
+   exit destructor, that would leave a linked record without a destructor;
+   inside pthread_once() it would wait for itself. (Registration itself
+   needs no blocking: a handler that finds the registry lock taken runs an
+   anonymous section, and the record is linked once, under the lock.) */
 static void signals_block(sigset_t *saved)
 {
     sigset_t all;
@@ -123,13 +123,14 @@ static void thread_exit(void *arg)
     if (GS_UNLIKELY(atomic_load_explicit(&r->snap, memory_order_relaxed) != 0))
         gsi_fatal_msg("pthread_exit",
                       "thread exited inside an RCU read-side critical section");
-    sigset_t saved;
-    signals_block(&saved);
     pthread_mutex_lock(&registry_mutex);
+    /* Before the unlink: a read lock that finds the record unlinked (a
+       signal handler, a later destructor) then runs anonymous sections
+       instead of linking it again, which nothing would undo. */
+    r->exited = true;
     if (r->registered)
         unlink_locked(r);
     pthread_mutex_unlock(&registry_mutex);
-    signals_restore(&saved);
 }
 
 static void atfork_prepare(void)
@@ -155,6 +156,11 @@ static void atfork_child(void)
     if (!gsi_rcu_fences && !membarrier_register())
         gsi_rcu_fences = true;
     self->fast = self->registered && !gsi_rcu_fences; /* for the inlined read side */
+    /* The other threads' anonymous sections are gone with them. */
+    atomic_store_explicit(&gsi_rcu_anon_readers,
+                          atomic_load_explicit(&self->snap, memory_order_relaxed) ==
+                              GSI_RCU_SNAP_ANON,
+                          memory_order_relaxed);
     gsi_gp_atfork_child();
     gsi_rcu_cb_atfork_child();
 }
@@ -183,29 +189,44 @@ void gsi_rcu_init(void)
     signals_restore(&saved);
 }
 
-void gsi_rcu_register_slow(void)
+bool gsi_rcu_register_slow(bool wait)
 {
     struct gsi_rcu_reader *r = &gsi_rcu_self;
-    sigset_t saved;
-    signals_block(&saved);
-    /* Checked with signals blocked: a handler may have registered the
-       thread between the caller's check and here. */
-    if (!r->registered) {
-        gsi_rcu_init();
+    /* An exiting thread stays out: once thread_exit() ran (`exited`), or
+       once the allocator's exit destructor ran, which covers a thread whose
+       first section is in a late round of key destructors (glibc runs at
+       most four: a record linked in the last one would outlive the
+       thread). And inside an anonymous section (gs_rcu_register_thread()
+       from a nested signal handler) a linked record would make the
+       section's unlink forget the count. */
+    if (r->exited || gsi_heap_thread_exiting() ||
+        atomic_load_explicit(&r->snap, memory_order_relaxed) != 0)
+        return false;
+    gsi_rcu_init();
+    /* The first read lock does not wait: the registry lock may be held by
+       the code a signal handler interrupted, on this very thread. */
+    if (wait)
         pthread_mutex_lock(&registry_mutex);
+    else if (pthread_mutex_trylock(&registry_mutex) != 0)
+        return false;
+    /* Checked under the lock: a signal handler may have linked the record
+       since the caller looked. */
+    bool linked = !r->registered;
+    if (linked)
         link_locked(r);
-        pthread_mutex_unlock(&registry_mutex);
-        /* Arms thread_exit(). Keys below PTHREAD_KEY_2NDLEVEL_SIZE use the
-           thread descriptor's inline array: no allocation. */
+    pthread_mutex_unlock(&registry_mutex);
+    /* Arms thread_exit(). Keys below PTHREAD_KEY_2NDLEVEL_SIZE use the
+       thread descriptor's inline array: no allocation. A handler that runs
+       before this sees the record registered and does not arm it. */
+    if (linked)
         pthread_setspecific(exit_key, r);
-    }
-    signals_restore(&saved);
+    return true;
 }
 
 GS_EXPORT void gs_rcu_register_thread(void)
 {
     if (!gsi_rcu_self.registered)
-        gsi_rcu_register_slow();
+        gsi_rcu_register_slow(true);
 }
 
 GS_EXPORT void gs_rcu_unregister_thread(void)

@@ -19,6 +19,7 @@
 #include "rcu/engine.h"
 #include "rcu/internal.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -539,64 +540,230 @@ static int registry_count_locked(void)
     return n;
 }
 
-struct registrant {
-    atomic_int started, done, leave;
+/* Fails the test if it has not finished in `seconds` (a deadlock). */
+static void deadlock_alarm(int sig)
+{
+    (void)sig;
+    static const char msg[] = "test_rcu: no progress before the alarm (deadlock)\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+    _exit(1);
+}
+
+static void fail_after(unsigned seconds)
+{
+    signal(SIGALRM, deadlock_alarm);
+    alarm(seconds);
+}
+
+/* What the handler saw: the thread's record and the anonymous count. */
+static atomic_int seen_anon, seen_registered;
+static atomic_ulong seen_count;
+
+static void observing_handler(int sig)
+{
+    (void)sig;
+    gs_rcu_read_lock();
+    atomic_store(&seen_anon, atomic_load(&gsi_rcu_self.snap) == GSI_RCU_SNAP_ANON);
+    atomic_store(&seen_registered, gsi_rcu_self.registered);
+    atomic_store(&seen_count, atomic_load(&gsi_rcu_anon_readers));
+    atomic_fetch_add(&sig_hits, 1);
+    gs_rcu_read_unlock();
+}
+
+/* The handler interrupts code that holds the registry lock on its own,
+   unregistered thread (as a grace-period scan or a fork does): it must
+   not wait for the lock, and runs an anonymous section. */
+Test(rcu, handler_while_own_thread_holds_registry_lock)
+{
+    fail_after(30);
+    gs_synchronize_rcu(); /* engine initialised; this thread stays unregistered */
+    cr_assert_not(gsi_rcu_self.registered);
+    struct sigaction sa = {.sa_handler = observing_handler};
+    sigemptyset(&sa.sa_mask);
+    cr_assert_eq(sigaction(SIGUSR1, &sa, NULL), 0);
+    gsi_rcu_registry_lock();
+    raise(SIGUSR1); /* delivered before raise() returns */
+    gsi_rcu_registry_unlock();
+    cr_assert_eq(atomic_load(&sig_hits), 1);
+    cr_assert(atomic_load(&seen_anon));
+    cr_assert_not(atomic_load(&seen_registered));
+    cr_assert_eq(atomic_load(&seen_count), 1);
+    cr_assert_eq(atomic_load(&gsi_rcu_anon_readers), 0);
+    cr_assert_eq(atomic_load(&gsi_rcu_self.snap), 0);
+    gs_rcu_read_lock(); /* the lock is free now: registers */
+    cr_assert(gsi_rcu_self.registered && gsi_rcu_self.snap != GSI_RCU_SNAP_ANON);
+    gs_rcu_read_unlock();
+}
+
+struct anon_reader {
+    pthread_t t;
+    atomic_int inside, release;
+    atomic_int was_anon;
 };
 
-static void *registrant_main(void *arg)
+static void *anon_reader_main(void *arg)
 {
-    struct registrant *g = arg;
-    atomic_store(&g->started, 1);
-    gs_rcu_read_lock(); /* first lock: registers (waits for the registry lock) */
-    gs_rcu_read_unlock();
-    atomic_store(&g->done, 1);
-    while (!atomic_load(&g->leave))
+    struct anon_reader *a = arg;
+    gs_rcu_read_lock(); /* first lock, registry lock busy: anonymous */
+    gs_rcu_read_lock(); /* nests */
+    atomic_store(&a->was_anon, atomic_load(&gsi_rcu_self.snap) == GSI_RCU_SNAP_ANON &&
+                                   !gsi_rcu_self.registered && gsi_rcu_in_reader());
+    atomic_store(&a->inside, 1);
+    while (!atomic_load(&a->release))
         sleep_ms(1);
+    gs_rcu_read_unlock();
+    gs_rcu_read_unlock();
+    atomic_store(&a->inside, 0);
     return NULL;
 }
 
-/* The test holds the registry lock, so the new thread's first lock stops
-   inside registration; a signal then arrives whose handler takes the read
-   side. Without signals blocked there, the handler registers the record
-   and the interrupted registration links it a second time (a cycle). */
-Test(rcu, signal_during_registration)
+/* A first lock that finds the registry lock busy does not wait for it; the
+   grace periods that start while its anonymous section runs wait for it. */
+Test(rcu, anonymous_section_holds_gp)
 {
-    handle_with_reader(SIGUSR1);
-    gs_rcu_register_thread(); /* engine initialised; this thread counted */
+    fail_after(60);
+    gs_synchronize_rcu();
+    struct anon_reader a;
+    atomic_init(&a.inside, 0);
+    atomic_init(&a.release, 0);
+    atomic_init(&a.was_anon, 0);
+    gsi_rcu_registry_lock();
+    cr_assert_eq(pthread_create(&a.t, NULL, anon_reader_main, &a), 0);
+    while (!atomic_load(&a.inside)) /* would hang if the lock waited */
+        sleep_ms(1);
+    gsi_rcu_registry_unlock();
+    cr_assert(atomic_load(&a.was_anon));
+    cr_assert_eq(atomic_load(&gsi_rcu_anon_readers), 1);
+    struct syncer sy;
+    syncer_start(&sy);
+    sleep_ms(200);
+    cr_assert_not(atomic_load(&sy.done), "grace period ended inside an anonymous section");
+    atomic_store(&a.release, 1);
+    pthread_join(a.t, NULL);
+    pthread_join(sy.t, NULL);
+    cr_assert(atomic_load(&sy.done));
+    cr_assert_eq(atomic_load(&gsi_rcu_anon_readers), 0);
+}
+
+#if !GS_RCU_TSAN /* TSan tears its thread state down in the last round of
+                     key destructors: the last-round destructor below then
+                     crashes inside TSan's runtime, before reaching ours. */
+/* A thread whose record the exit destructor unlinked must not link it
+   again: glibc runs at most four rounds of key destructors, and a record
+   linked in the last one would stay in the registry after the thread's
+   memory is gone. Here a user destructor re-arms itself until the last
+   round and then enters a read-side section. */
+static pthread_key_t late_key;
+static atomic_int late_rounds, late_anon;
+
+static void late_destructor(void *arg)
+{
+    int round = atomic_fetch_add(&late_rounds, 1) + 1;
+    if (round < 4) {
+        pthread_setspecific(late_key, arg);
+        return;
+    }
+    gs_rcu_read_lock();
+    atomic_store(&late_anon, atomic_load(&gsi_rcu_self.snap) == GSI_RCU_SNAP_ANON &&
+                                 !gsi_rcu_self.registered);
+    gs_rcu_read_unlock();
+}
+
+static void *late_main(void *arg)
+{
+    if (arg) {
+        gs_rcu_read_lock(); /* registers: the exit destructor is armed */
+        gs_rcu_read_unlock();
+    } else {
+        gs_free(gs_malloc(64)); /* only the allocator's exit destructor is armed */
+    }
+    pthread_setspecific(late_key, &late_rounds);
+    return NULL;
+}
+
+/* registered_first: the thread used the read side before (its record's
+   destructor unlinks it in round 1); otherwise its first section is the
+   last-round one, after the allocator's exit destructor ran. */
+static void late_section_case(bool registered_first)
+{
+    atomic_store(&late_rounds, 0);
+    atomic_store(&late_anon, 0);
     gsi_rcu_registry_lock();
     int before = registry_count_locked();
-    struct registrant g;
-    atomic_init(&g.started, 0);
-    atomic_init(&g.done, 0);
-    atomic_init(&g.leave, 0);
+    gsi_rcu_registry_unlock();
     pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, registrant_main, &g), 0);
-    while (!atomic_load(&g.started))
-        sleep_ms(1);
-    sleep_ms(100); /* the thread now waits for the registry lock */
-    cr_assert_eq(pthread_kill(t, SIGUSR1), 0);
-    sleep_ms(100);
-    int hits_while_registering = atomic_load(&sig_hits);
-    bool done_while_locked = atomic_load(&g.done);
-    gsi_rcu_registry_unlock();
-    while (!atomic_load(&g.done))
-        sleep_ms(1);
-    while (atomic_load(&sig_hits) == 0) /* delivered once registration is over */
-        sleep_ms(1);
-    cr_assert_eq(hits_while_registering, 0);
-    cr_assert_not(done_while_locked);
-    gsi_rcu_registry_lock();
-    int with_thread = registry_count_locked();
-    gsi_rcu_registry_unlock();
-    cr_assert_eq(with_thread, before + 1, "registry: %d records, expected %d", with_thread,
-                 before + 1);
-    atomic_store(&g.leave, 1);
+    cr_assert_eq(pthread_create(&t, NULL, late_main, registered_first ? &late_rounds : NULL), 0);
     pthread_join(t, NULL);
+    cr_assert_eq(atomic_load(&late_rounds), 4);
+    cr_assert(atomic_load(&late_anon), "the last-round section was not anonymous (%s)",
+              registered_first ? "registered first" : "first section in the last round");
     gsi_rcu_registry_lock();
     int after = registry_count_locked();
     gsi_rcu_registry_unlock();
-    cr_assert_eq(after, before);
-    cr_assert_eq(atomic_load(&sig_hits), 1);
+    cr_assert_eq(after, before, "registry: %d records after the thread exited, %d before",
+                 after, before);
+    cr_assert_eq(atomic_load(&gsi_rcu_anon_readers), 0);
+}
+
+Test(rcu, no_registration_after_thread_exit)
+{
+    fail_after(60);
+    gs_rcu_register_thread();
+    cr_assert_eq(pthread_key_create(&late_key, late_destructor), 0);
+    late_section_case(true);
+    late_section_case(false);
+}
+#endif
+
+/* fork() holds the registry lock from its prepare handler to its parent
+   and child handlers; a handler's read lock on the forking thread must not
+   wait for it, in the parent or in the child. */
+static pthread_t fork_target;
+static atomic_int fork_sig_stop;
+
+static void *fork_signaller(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&fork_sig_stop)) {
+        pthread_kill(fork_target, SIGUSR1);
+        usleep(20);
+    }
+    return NULL;
+}
+
+Test(rcu, signals_during_fork)
+{
+    fail_after(60);
+    handle_with_reader(SIGUSR1);
+    gs_synchronize_rcu();
+    fork_target = pthread_self();
+    pthread_t sender;
+    cr_assert_eq(pthread_create(&sender, NULL, fork_signaller, NULL), 0);
+    int forks = 0, bad = 0;
+    for (; forks < 300; forks++) {
+        gs_rcu_unregister_thread(); /* so that each handler's lock may register */
+        pid_t pid = fork();
+        if (pid == 0) {
+            /* The child: one thread, a usable engine. */
+            gs_rcu_read_lock();
+            gs_rcu_read_unlock();
+            gs_synchronize_rcu();
+            _exit(atomic_load(&gsi_rcu_anon_readers) == 0 ? 0 : 3);
+        }
+        int st = 0;
+        pid_t w;
+        do /* the signals interrupt the wait */
+            w = pid < 0 ? -1 : waitpid(pid, &st, 0);
+        while (w < 0 && errno == EINTR);
+        if (w != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            bad++;
+    }
+    atomic_store(&fork_sig_stop, 1);
+    pthread_join(sender, NULL);
+    cr_assert_eq(bad, 0, "%d of %d children failed", bad, forks);
+    cr_assert(atomic_load(&sig_hits) > 0);
+    cr_assert_eq(atomic_load(&gsi_rcu_anon_readers), 0);
 }
 
 /* Storm: reader threads (new ones keep starting, so first locks are in the
@@ -612,14 +779,16 @@ static struct storm_obj storm_objs[STORM_OBJS];
 static _Atomic(struct storm_obj *) storm_cur;
 static atomic_int storm_stop, storm_bad;
 static atomic_long storm_handler_reads;
-static pthread_t storm_tids[STORM_READERS];
-static atomic_int storm_tid_ready[STORM_READERS];
+/* The readers, and last the updater (an unregistered thread whose grace
+   periods take the registry lock: a handler there runs anonymously). */
+static pthread_t storm_tids[STORM_READERS + 1];
+static atomic_int storm_tid_ready[STORM_READERS + 1];
 
 static void storm_read(void)
 {
     gs_rcu_read_lock();
     struct storm_obj *o = atomic_load_explicit(&storm_cur, memory_order_acquire);
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < 64; i++)
         if (atomic_load_explicit(&o->state, memory_order_relaxed) != 1)
             atomic_store(&storm_bad, 1);
     gs_rcu_read_unlock();
@@ -653,19 +822,10 @@ static void *storm_sender(void *arg)
 {
     (void)arg;
     while (!atomic_load(&storm_stop))
-        for (int i = 0; i < STORM_READERS; i++)
+        for (int i = 0; i <= STORM_READERS; i++)
             if (atomic_load(&storm_tid_ready[i]))
                 pthread_kill(storm_tids[i], SIGUSR2);
     return NULL;
-}
-
-static void storm_alarm(int sig)
-{
-    (void)sig;
-    static const char msg[] = "signal storm: no progress in 60 s (deadlock)\n";
-    ssize_t w = write(2, msg, sizeof msg - 1);
-    (void)w;
-    _exit(1);
 }
 
 Test(rcu, signal_handlers_read_during_a_storm)
@@ -673,8 +833,7 @@ Test(rcu, signal_handlers_read_during_a_storm)
     struct sigaction sa = {.sa_handler = storm_handler};
     sigemptyset(&sa.sa_mask);
     cr_assert_eq(sigaction(SIGUSR2, &sa, NULL), 0);
-    signal(SIGALRM, storm_alarm);
-    alarm(60);
+    fail_after(60);
     for (int i = 0; i < STORM_OBJS; i++)
         atomic_init(&storm_objs[i].state, 0);
     atomic_store(&storm_objs[0].state, 1);
@@ -683,6 +842,8 @@ Test(rcu, signal_handlers_read_during_a_storm)
         cr_assert_eq(pthread_create(&storm_tids[i], NULL, storm_reader, (void *)i), 0);
         atomic_store(&storm_tid_ready[i], 1);
     }
+    storm_tids[STORM_READERS] = pthread_self();
+    atomic_store(&storm_tid_ready[STORM_READERS], 1);
     pthread_t sender;
     cr_assert_eq(pthread_create(&sender, NULL, storm_sender, NULL), 0);
     struct timespec t0, now;
