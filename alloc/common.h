@@ -64,8 +64,5 @@ enum gsi_option {
 long gsi_option(enum gsi_option opt);
 /* Overrides an option (tests of internals). */
 void gsi_option_set(enum gsi_option opt, long value);
-/* Has this thread's allocator exit destructor run (alloc/heap.c)? The RCU
-   registry then links no record for it (rcu/thread.c). */
-bool gsi_heap_thread_exiting(void);
 
 #endif /* GS_COMMON_H */

@@ -249,13 +249,9 @@ static void thread_exit(void *arg)
 {
     struct gs_heap *h = arg;
     tls_exiting = true;
+    gsi_rcu_thread_exiting();
     if (h && h == gsi_tls_mine)
         heap_abandon(h);
-}
-
-bool gsi_heap_thread_exiting(void)
-{
-    return tls_exiting;
 }
 
 void gsi_heap_init_once(void)

@@ -108,7 +108,11 @@ void  gs_cache_destroy(struct gs_cache *c);
  * Threads register automatically on first use and unregister at exit.
  * ------------------------------------------------------------------------ */
 
-/* Read-side critical section. Nestable; never blocks; no system call. */
+/* Read-side critical section. Nestable; never blocks, never waits for a
+   lock, also in a signal handler at any point of the thread it interrupts.
+   No system call once the thread is registered (its first lock registers
+   it; while that cannot be done at once, sections are counted globally,
+   with a few system calls each; docs/rcu.md). */
 void gs_rcu_read_lock(void);
 /* Aborts on an unlock without a matching lock. */
 void gs_rcu_read_unlock(void);
@@ -149,7 +153,8 @@ void gs_call_rcu_hurry(struct gs_rcu_head *h, void (*fn)(struct gs_rcu_head *));
 void gs_rcu_barrier(void);
 
 /* Optional: explicit registration (automatic otherwise). Unregistering or
-   exiting inside a read-side critical section aborts. */
+   exiting inside a read-side critical section aborts. Both wait for the
+   registry lock: not for signal handlers. */
 void gs_rcu_register_thread(void);
 void gs_rcu_unregister_thread(void);
 

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/syscall.h>
@@ -69,10 +70,11 @@ struct gsi_rcu_reader {
     /* Linked into the registry? Owner writes it with the registry lock
        held; the owner reads it without. */
     bool registered;
-    /* The exit destructor has unlinked the record: the thread is exiting
-       and must not link it again (glibc may not run the destructor once
-       more, and the TLS goes away with the thread). Later read-side
-       sections of the thread are anonymous (below). Owner only. */
+    /* The thread is exiting: its RCU exit destructor (which unlinks the
+       record) or the allocator's has run. It must not link the record
+       again: glibc runs at most four rounds of key destructors, so one
+       linked in the last would outlive the thread's TLS. Its later
+       read-side sections are anonymous (below). Owner only. */
     bool exited;
     /* Registry links; registry lock. */
     struct gsi_rcu_reader *next, *prev;
@@ -107,6 +109,21 @@ extern _Atomic uint64_t gsi_gp_seq;
 /* Non-zero while the grace-period driver sleeps on this futex word waiting
    for a reader; the reader's outermost unlock then wakes it. */
 extern _Atomic uint32_t gsi_gp_waiting;
+
+/* Blocks every signal on the calling thread, saving the old mask, and
+   restores it: around the few steps a signal handler that enters a
+   read-side section must not interrupt (thread.c, reader.c). */
+static inline void gsi_rcu_signals_block(sigset_t *saved)
+{
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, saved);
+}
+
+static inline void gsi_rcu_signals_restore(const sigset_t *saved)
+{
+    pthread_sigmask(SIG_SETMASK, saved, NULL);
+}
 
 /* thread.c */
 void gsi_rcu_init(void);               /* idempotent, pthread_once */

@@ -45,6 +45,13 @@ bool gsi_rcu_in_reader(void);
 void gsi_rcu_set_reclaim_hook(void (*hook)(void));
 void gsi_rcu_request_reclaim(void);
 
+/* The allocator's exit destructor calls this on the exiting thread: from
+   then on the thread never links its reader record (its read-side sections
+   are anonymous; rcu/thread.c), which covers a thread whose first section
+   is in a late round of key destructors, after which glibc may not run the
+   RCU exit destructor again. A TLS store. */
+void gsi_rcu_thread_exiting(void);
+
 /* Counters for gs_stats_get(). */
 uint64_t gsi_gp_started(void);
 uint64_t gsi_gp_completed(void);

@@ -35,11 +35,14 @@
 _Atomic unsigned long gsi_rcu_anon_readers;
 
 /* Outermost lock of an anonymous section (the record is not linked).
-   Order against signal handlers on this thread: count first, mark second.
-   A handler between the two sees no section (snap 0) and runs its own; one
-   after the mark nests, inside the counted section. */
+   Runs with signals blocked: a handler that forks must not find the count
+   and the mark disagreeing (the fork child rebuilds the count from the
+   mark). Anonymous sections are rare, so the two system calls on each end
+   do not matter. Count first, mark second, all the same. */
 static GS_NOINLINE void anon_lock(struct gsi_rcu_reader *r)
 {
+    sigset_t saved;
+    gsi_rcu_signals_block(&saved);
     /* seq_cst RMW, then a seq_cst fence before the critical section's
        loads: store-buffering against the driver, which starts the grace
        period (seq_cst store), issues its writer barrier and then loads the
@@ -55,12 +58,15 @@ static GS_NOINLINE void anon_lock(struct gsi_rcu_reader *r)
        the mark (no handler links it after: register_slow refuses inside a
        section). The inlined unlock must still call anon_unlock(). */
     r->fast = false;
+    gsi_rcu_signals_restore(&saved);
 }
 
-/* Outermost unlock of an anonymous section. Unmark first, uncount second:
-   a handler between the two runs its own section. */
+/* Outermost unlock of an anonymous section; signals blocked, as in
+   anon_lock(). */
 static GS_NOINLINE void anon_unlock(struct gsi_rcu_reader *r)
 {
+    sigset_t saved;
+    gsi_rcu_signals_block(&saved);
     atomic_store_explicit(&r->snap, 0, memory_order_relaxed);
     r->fast = r->registered && !gsi_rcu_fences;
     /* Release (in the seq_cst RMW): the critical section happens before
@@ -72,6 +78,7 @@ static GS_NOINLINE void anon_unlock(struct gsi_rcu_reader *r)
     atomic_thread_fence(memory_order_seq_cst);
     if (atomic_load_explicit(&gsi_gp_waiting, memory_order_relaxed))
         gsi_rcu_wake_gp_slow();
+    gsi_rcu_signals_restore(&saved);
 }
 
 GS_EXPORT void gs_rcu_read_lock(void)

@@ -45,26 +45,18 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static atomic_bool init_done; /* set last by init_once_fn() */
 static pthread_key_t exit_key;
 
-/* Unregistration and the one-time init run with every signal blocked on
-   the calling thread. A signal handler may enter a read-side critical
-   section, and on a thread that is not registered that links its record:
-   between gs_rcu_unregister_thread()'s unlink and its disarming of the
-   exit destructor, that would leave a linked record without a destructor;
-   inside pthread_once() it would wait for itself. (Registration itself
-   needs no blocking: a handler that finds the registry lock taken runs an
-   anonymous section, and the record is linked once, under the lock.) */
-static void signals_block(sigset_t *saved)
-{
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, saved);
-}
-
-static void signals_restore(const sigset_t *saved)
-{
-    pthread_sigmask(SIG_SETMASK, saved, NULL);
-}
-
+/* Signals. A signal handler may enter a read-side critical section, and
+   on a thread that is not registered that links its record. Unregistration,
+   the one-time init and the fork child handler therefore run with every
+   signal blocked: between gs_rcu_unregister_thread()'s unlink and its
+   disarming of the exit destructor, a handler would leave a linked record
+   without a destructor; inside pthread_once() it would wait for itself; in
+   the fork child, between the reset of the list and the re-link, it would
+   link the record twice. Registration itself needs no blocking: a handler
+   that finds the registry lock taken runs an anonymous section, and the
+   record is linked once, under the lock. gs_rcu_register_thread() and
+   gs_rcu_unregister_thread() wait for the registry lock: they are not for
+   signal handlers. */
 void gsi_rcu_registry_lock(void)
 {
     pthread_mutex_lock(&registry_mutex);
@@ -146,6 +138,10 @@ static void atfork_parent(void)
 static void atfork_child(void)
 {
     struct gsi_rcu_reader *self = &gsi_rcu_self;
+    /* A handler's first lock between the reset of the list and the re-link
+       below would link the record twice. */
+    sigset_t saved;
+    gsi_rcu_signals_block(&saved);
     /* Only this thread survives: drop every other record. */
     pthread_mutex_init(&registry_mutex, NULL);
     registry_head = NULL;
@@ -155,14 +151,18 @@ static void atfork_child(void)
        so falling back to fences here cannot race with a reader. */
     if (!gsi_rcu_fences && !membarrier_register())
         gsi_rcu_fences = true;
-    self->fast = self->registered && !gsi_rcu_fences; /* for the inlined read side */
-    /* The other threads' anonymous sections are gone with them. */
-    atomic_store_explicit(&gsi_rcu_anon_readers,
-                          atomic_load_explicit(&self->snap, memory_order_relaxed) ==
-                              GSI_RCU_SNAP_ANON,
-                          memory_order_relaxed);
+    /* The other threads' anonymous sections are gone with them; this
+       thread holds one share if it forked inside an anonymous section
+       (anon_lock/anon_unlock run with signals blocked, so a handler that
+       forks never splits one). Such a section may have a linked record (a
+       handler registered the thread just before it began): its unlock must
+       still reach anon_unlock(), so the inlined side stays off. */
+    bool anon = atomic_load_explicit(&self->snap, memory_order_relaxed) == GSI_RCU_SNAP_ANON;
+    atomic_store_explicit(&gsi_rcu_anon_readers, anon, memory_order_relaxed);
+    self->fast = self->registered && !gsi_rcu_fences && !anon; /* for the inlined read side */
     gsi_gp_atfork_child();
     gsi_rcu_cb_atfork_child();
+    gsi_rcu_signals_restore(&saved);
 }
 
 static void init_once_fn(void)
@@ -184,23 +184,19 @@ void gsi_rcu_init(void)
     if (GS_LIKELY(atomic_load_explicit(&init_done, memory_order_acquire)))
         return;
     sigset_t saved;
-    signals_block(&saved);
+    gsi_rcu_signals_block(&saved);
     pthread_once(&init_once, init_once_fn);
-    signals_restore(&saved);
+    gsi_rcu_signals_restore(&saved);
 }
 
 bool gsi_rcu_register_slow(bool wait)
 {
     struct gsi_rcu_reader *r = &gsi_rcu_self;
-    /* An exiting thread stays out: once thread_exit() ran (`exited`), or
-       once the allocator's exit destructor ran, which covers a thread whose
-       first section is in a late round of key destructors (glibc runs at
-       most four: a record linked in the last one would outlive the
-       thread). And inside an anonymous section (gs_rcu_register_thread()
-       from a nested signal handler) a linked record would make the
-       section's unlink forget the count. */
-    if (r->exited || gsi_heap_thread_exiting() ||
-        atomic_load_explicit(&r->snap, memory_order_relaxed) != 0)
+    /* An exiting thread stays out (`exited`: set by thread_exit() or by
+       the allocator's exit destructor). And inside an anonymous section
+       (gs_rcu_register_thread() from a nested signal handler) a linked
+       record would make the section's unlink forget the count. */
+    if (r->exited || atomic_load_explicit(&r->snap, memory_order_relaxed) != 0)
         return false;
     gsi_rcu_init();
     /* The first read lock does not wait: the registry lock may be held by
@@ -223,6 +219,11 @@ bool gsi_rcu_register_slow(bool wait)
     return true;
 }
 
+void gsi_rcu_thread_exiting(void)
+{
+    gsi_rcu_self.exited = true;
+}
+
 GS_EXPORT void gs_rcu_register_thread(void)
 {
     if (!gsi_rcu_self.registered)
@@ -238,10 +239,10 @@ GS_EXPORT void gs_rcu_unregister_thread(void)
     if (!r->registered)
         return;
     sigset_t saved;
-    signals_block(&saved);
+    gsi_rcu_signals_block(&saved);
     pthread_mutex_lock(&registry_mutex);
     unlink_locked(r);
     pthread_mutex_unlock(&registry_mutex);
     pthread_setspecific(exit_key, NULL);
-    signals_restore(&saved);
+    gsi_rcu_signals_restore(&saved);
 }
