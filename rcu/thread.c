@@ -192,19 +192,27 @@ void gsi_rcu_init(void)
 bool gsi_rcu_register_slow(bool wait)
 {
     struct gsi_rcu_reader *r = &gsi_rcu_self;
+    /* First, also for the anonymous sections a false return leads to: the
+       fork handlers must exist to rebuild the count in a child. */
+    gsi_rcu_init();
     /* An exiting thread stays out (`exited`: set by thread_exit() or by
        the allocator's exit destructor). And inside an anonymous section
        (gs_rcu_register_thread() from a nested signal handler) a linked
        record would make the section's unlink forget the count. */
     if (r->exited || atomic_load_explicit(&r->snap, memory_order_relaxed) != 0)
         return false;
-    gsi_rcu_init();
     /* The first read lock does not wait: the registry lock may be held by
        the code a signal handler interrupted, on this very thread. */
-    if (wait)
+    if (wait) {
         pthread_mutex_lock(&registry_mutex);
-    else if (pthread_mutex_trylock(&registry_mutex) != 0)
+    } else if (pthread_mutex_trylock(&registry_mutex) != 0) {
+        /* The section will be anonymous. Arm thread_exit() all the same,
+           so that exiting inside it aborts with the usual line instead of
+           leaking its share of the count (every later grace period would
+           wait for it). */
+        pthread_setspecific(exit_key, r);
         return false;
+    }
     /* Checked under the lock: a signal handler may have linked the record
        since the caller looked. */
     bool linked = !r->registered;
@@ -221,7 +229,14 @@ bool gsi_rcu_register_slow(bool wait)
 
 void gsi_rcu_thread_exiting(void)
 {
-    gsi_rcu_self.exited = true;
+    struct gsi_rcu_reader *r = &gsi_rcu_self;
+    /* The allocator's destructor may run before the RCU one, or instead of
+       it (an anonymous section begun before any registration was tried
+       would not have armed it): same check as thread_exit(). */
+    if (GS_UNLIKELY(atomic_load_explicit(&r->snap, memory_order_relaxed) != 0))
+        gsi_fatal_msg("pthread_exit",
+                      "thread exited inside an RCU read-side critical section");
+    r->exited = true;
 }
 
 GS_EXPORT void gs_rcu_register_thread(void)

@@ -433,6 +433,16 @@ static void misuse_exit_in_reader(void)
     pthread_create(&t, NULL, exit_inside, NULL);
     pthread_join(t, NULL);
 }
+/* The same in an anonymous section: the thread's first lock finds the
+   registry lock taken. */
+static void misuse_exit_in_anonymous_section(void)
+{
+    gsi_rcu_registry_lock();
+    pthread_t t;
+    pthread_create(&t, NULL, exit_inside, NULL);
+    pthread_join(t, NULL);
+    gsi_rcu_registry_unlock();
+}
 
 Test(rcu, misuse_aborts_with_clear_line)
 {
@@ -447,6 +457,8 @@ Test(rcu, misuse_aborts_with_clear_line)
     expect_abort(misuse_unregister_in_reader,
                  "graceslab: gs_rcu_unregister_thread(): called inside an RCU read-side critical section\n");
     expect_abort(misuse_exit_in_reader,
+                 "graceslab: pthread_exit(): thread exited inside an RCU read-side critical section\n");
+    expect_abort(misuse_exit_in_anonymous_section,
                  "graceslab: pthread_exit(): thread exited inside an RCU read-side critical section\n");
 }
 
