@@ -73,9 +73,14 @@
  *   GS_LINK_PENDING | next gs_free_rcu'd, on a pending chain
  *   GS_LINK_INVALID        sentinel after the last object (catches
  *                          pointers into the slab's tail)
+ *   GS_LINK_UNUSED         never linked since the slab was formatted (the
+ *                          bytes there may have been another slab's
+ *                          objects: without it a free of an object never
+ *                          handed out could read 0xFFFF and be accepted)
  * --------------------------------------------------------------------- */
 #define GS_LINK_ALLOCATED 0xFFFFu
 #define GS_LINK_INVALID   0xFFFEu
+#define GS_LINK_UNUSED    0x2020u /* two equal bytes: formatting memsets it */
 #define GS_LINK_END       0x0FFFu
 #define GS_LINK_INDEX     0x0FFFu
 #define GS_LINK_REMOTE    0x4000u

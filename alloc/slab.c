@@ -28,6 +28,8 @@
  */
 #include "alloc/internal.h"
 
+#include <string.h>
+
 void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
 {
     const struct gs_class_info *ci = &gsi_classes[cls];
@@ -54,8 +56,16 @@ void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
     s->cache = NULL;
     s->wait_cookie = 0;
     s->orphaned = false;
-    /* The sentinel after the last object: a pointer into the slab's tail
-       computes index == capacity and finds a link that is never ALLOCATED. */
+    /* Objects not linked yet: their links may hold whatever the slots held
+       before (another class's objects, with any bytes, 0xFFFF included),
+       and a free of such an object must not pass for a free of an
+       allocated one. The sentinel after the last object: a pointer into
+       the slab's tail computes index == capacity and finds a link that is
+       never ALLOCATED. */
+    _Static_assert(GS_LINK_UNUSED >> 8 == (GS_LINK_UNUSED & 0xFF) && GS_LINK_UNUSED > GS_LINK_END &&
+                       !(GS_LINK_UNUSED & (GS_LINK_REMOTE | GS_LINK_PENDING)),
+                   "UNUSED: a byte pattern, not a list, remote or pending value");
+    memset(s->link, GS_LINK_UNUSED & 0xFF, (size_t)ci->capacity * sizeof *s->link);
     gsi_link_store(s, ci->capacity, GS_LINK_INVALID);
     /* memcheck: no object is addressable until it is handed out. */
     GS_VG_NOACCESS(s->start, (size_t)ci->capacity * ci->size);
@@ -135,6 +145,8 @@ _Noreturn void gsi_bad_free(const char *call, const void *p, uint16_t link)
 {
     if (link == GS_LINK_INVALID)
         gsi_fatal(call, "invalid pointer (not a block start)", p);
+    if (link == GS_LINK_UNUSED)
+        gsi_fatal(call, "invalid pointer (never allocated)", p);
     if ((link & GS_LINK_PENDING) && link != GS_LINK_ALLOCATED)
         gsi_fatal(call, "object already freed with gs_free_rcu(), pending a grace period:", p);
     gsi_fatal(call, "double free of", p);

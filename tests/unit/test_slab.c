@@ -234,3 +234,75 @@ Test(slab, exhausted_slab_released_and_adopted_by_free)
         free(ptrs[i]);
     cr_assert_neq(gsi_slab_of(ptrs[0]), s, "empty adopted slab not retired");
 }
+
+/* A slab formatted on slots that held other objects (bytes 0xFF here, as a
+   program may leave them): every object not linked yet reads UNUSED, never
+   ALLOCATED, whatever its link's bytes were. */
+Test(slab, format_marks_unlinked_objects_unused)
+{
+    static struct gs_slab s;
+    gsi_heap_init_once(); /* the class table */
+    for (unsigned c = 0; c < GS_NCLASSES; c++) {
+        const struct gs_class_info *ci = &gsi_classes[c];
+        size_t bytes = (size_t)ci->span * GS_SLOT_SIZE;
+        char *base = aligned_alloc(GS_SLOT_SIZE, bytes);
+        cr_assert_not_null(base);
+        memset(base, 0xFF, bytes);
+        gsi_slab_format(&s, base, c);
+        for (uint32_t i = 0; i < s.capacity; i++)
+            cr_assert_eq(gsi_link_load(&s, i), GS_LINK_UNUSED, "class %u, object %u", c, i);
+        cr_assert_eq(gsi_link_load(&s, s.capacity), GS_LINK_INVALID);
+        free(base);
+    }
+}
+
+/* End to end: 1000-byte blocks full of 0xFF are freed, their slots go back
+   to the segment still committed, and 16-byte slabs are formatted on them
+   (their link arrays are longer and reach into the old objects). A free of
+   one of those slabs' objects that was never handed out aborts; it used to
+   read 0xFFFF, pass for allocated, and put the object on the free list
+   twice. */
+static void free_never_allocated_on_reused_slots(void *arg)
+{
+    (void)arg;
+    enum { OLD = 9000, NEW = 200000 };
+    void **old = gst_raw_array(OLD), **new = gst_raw_array(NEW);
+    for (int i = 0; i < OLD; i++) {
+        old[i] = malloc(1000);
+        memset(old[i], 0xFF, 1000);
+    }
+    for (int i = 0; i < OLD; i++)
+        free(old[i]);
+    struct gs_slab *seen = NULL;
+    for (int i = 0; i < NEW; i++) {
+        new[i] = malloc(16);
+        struct gs_slab *s = gsi_slab_of(new[i]);
+        if (s == seen || s->bump + 1 >= s->capacity)
+            continue;
+        seen = s;
+        /* Only a slab on the old blocks' slots tests what it should. */
+        char *end = s->start + (size_t)s->capacity * s->obj_size;
+        bool reused = false;
+        for (int j = 0; j < OLD && !reused; j++)
+            reused = (char *)old[j] >= s->start && (char *)old[j] < end;
+        if (reused) {
+            void *p = s->start + (size_t)(s->capacity - 1) * s->obj_size;
+            gst_child_report_ptr(p);
+            free(p);
+            gst_child_fail("free of an object never handed out returned");
+        }
+    }
+    gst_child_fail("no 16-byte slab on the old blocks' slots");
+}
+
+Test(slab, free_of_never_allocated_object_aborts)
+{
+    struct gst_child c;
+    void *ptr;
+    char why[4300];
+    cr_assert(gst_run_child_ptr(free_never_allocated_on_reused_slots, NULL, &c, &ptr));
+    cr_assert_not_null(ptr, "child did not report its pointer; stderr: \"%s\"", c.err);
+    cr_assert(gst_fatal_line_ok(&c, (const char *const[]){"free", NULL}, ptr, why, sizeof why),
+              "%s", why);
+    cr_assert(strstr(c.err, "never allocated"), "message: \"%s\"", c.err);
+}
