@@ -42,6 +42,8 @@
 #define GS_SEGMENT_SIZE  ((uintptr_t)1 << GS_SEGMENT_SHIFT)
 #define GS_SEGMENT_MASK  (GS_SEGMENT_SIZE - 1)
 #define GS_SLOT_SHIFT    16                       /* 64 KiB slots */
+/* Bytes of user address space on x86_64 without an mmap hint above it. */
+#define GS_ADDRESS_SPACE ((size_t)1 << 47)
 #define GS_SLOT_SIZE     ((size_t)1 << GS_SLOT_SHIFT)
 #define GS_SLOTS         (GS_SEGMENT_SIZE / GS_SLOT_SIZE) /* 64; slot 0 = header */
 #define GS_PAGE          4096

@@ -198,7 +198,11 @@ void *gsi_large_alloc(size_t size, size_t align, bool zero)
     if (fresh) {
         cache_trim(false);
         b = gsi_os_map_aligned(len, region_align);
-        if (!b && gsi_oom_reclaim())
+        /* Reclaiming may wait for a grace period: not for a request no
+           reclaim can make fit (the user address space is 2^47 bytes
+           unless mmap is given a hint above it, which graceslab never
+           does). */
+        if (!b && len + region_align < GS_ADDRESS_SPACE && gsi_oom_reclaim())
             b = gsi_os_map_aligned(len, region_align);
         if (!b)
             goto fail;
@@ -312,8 +316,11 @@ static struct gs_large *block_resize(struct gs_large *b, size_t len)
         if (tail < end)
             gsi_map_clear((void *)tail, end - tail);
         if (!gsi_os_remap(b, old_len, len, NULL)) {
+            /* (Splitting the mapping can fail, at vm.max_map_count.) The
+               longer mapping stays; past the new size it is slack. */
             gsi_map_set(b, old_len, GS_MAP_LARGE);
-            return b; /* keeping the longer mapping is harmless */
+            b->usable = len - off;
+            return b;
         }
     } else if (gsi_os_remap(b, old_len, len, NULL)) {
         gsi_map_set(b, len, GS_MAP_LARGE);

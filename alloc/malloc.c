@@ -243,12 +243,20 @@ GS_EXPORT void *gs_realloc(void *p, size_t size)
         struct gs_large *b = large_block(p, "realloc");
         if (b->magic != GS_LARGE_MAGIC)
             gsi_fatal("realloc", "realloc of a freed pointer", p);
+        if (atomic_load_explicit(&b->state, memory_order_relaxed) != GS_LARGE_LIVE)
+            gsi_bad_free("realloc", p, GS_LINK_PENDING);
         usable = b->usable;
         if (size <= usable && size >= usable / 2 && !gsi_valgrind)
             return p;
-        if (!gsi_valgrind && size > GS_SMALL_MAX && atomic_load_explicit(&b->state, memory_order_relaxed) ==
-                                       GS_LARGE_LIVE)
-            return gsi_large_realloc(b, size);
+        if (!gsi_valgrind && size > GS_SMALL_MAX) {
+            int saved = errno;
+            void *q = gsi_large_realloc(b, size);
+            if (q)
+                return q;
+            /* mremap fails where a copy works: on a block whose mapping
+               madvise, mlock or mprotect split in several. b is intact. */
+            errno = saved;
+        }
     } else {
         gsi_fatal("realloc", "invalid pointer (not allocated by graceslab)", p);
     }

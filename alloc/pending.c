@@ -175,6 +175,27 @@ void gsi_pending_fork_done(void)
     atomic_store_explicit(&fork_gate, false, memory_order_release);
 }
 
+/* ---------------------------------------------------------------- cookies */
+
+/* A chain word keeps the low 40 bits of its cookie (GS_P_COOKIE); the
+   sequence is 64-bit. Every cookie still waiting is at most the sequence
+   + 3 (gsi_gp_cookie) and the sequence only grows, so the full cookie is
+   the one with those low bits in (seq + 4 - 2^40, seq + 4]. Taken as is,
+   once the sequence passed 2^40 (2^39 grace periods: about a day of
+   back-to-back gs_synchronize_rcu) a truncated cookie read as long done and
+   deferred objects were reused under readers. A cookie older than the
+   window (a chain left 2^39 grace periods unswept) comes back as a later
+   one: it only waits longer. */
+#define COOKIE_SPAN ((uint64_t)1 << 40)
+static uint64_t chain_cookie(uint64_t w)
+{
+    uint64_t top = atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) + 4;
+    uint64_t c = (top & ~(COOKIE_SPAN - 1)) | GS_P_COOKIE(w);
+    if (c > top && c >= COOKIE_SPAN)
+        c -= COOKIE_SPAN;
+    return c;
+}
+
 /* ------------------------------------------------------------ gs_free_rcu */
 
 static void free_rcu_small(void *p, const char *call, uint64_t cookie)
@@ -197,7 +218,7 @@ static void free_rcu_small(void *p, const char *call, uint64_t cookie)
         } else {
             gsi_link_store(s, idx, link);
         }
-        uint64_t c = GS_P_COOKIE(w) > cookie ? GS_P_COOKIE(w) : cookie;
+        uint64_t c = GS_P_COUNT(w) && chain_cookie(w) > cookie ? chain_cookie(w) : cookie;
         /* Release: publishes the link write to the reclaimer's acquire CAS
            in take_done_chain(). */
         if (atomic_compare_exchange_weak_explicit(chain, &w,
@@ -270,7 +291,7 @@ GS_EXPORT void gs_free_rcu(void *p)
 static uint64_t take_done_chain(struct gs_slab *s, unsigned k)
 {
     uint64_t w = atomic_load_explicit(&s->pending[k], memory_order_relaxed);
-    while (GS_P_COUNT(w) && gsi_gp_done(GS_P_COOKIE(w))) {
+    while (GS_P_COUNT(w) && gsi_gp_done(chain_cookie(w))) {
         if (atomic_compare_exchange_weak_explicit(&s->pending[k], &w,
                                                   GS_P_MAKE(GS_P_COOKIE(w), GS_LINK_END, 0),
                                                   memory_order_acquire, memory_order_relaxed))
@@ -374,8 +395,8 @@ uint64_t gsi_slab_pending_cookie(const struct gs_slab *s)
     uint64_t c = 0;
     for (unsigned k = 0; k < GS_PENDING_CHAINS; k++) {
         uint64_t w = atomic_load_explicit(&s->pending[k], memory_order_relaxed);
-        if (GS_P_COUNT(w) && GS_P_COOKIE(w) > c)
-            c = GS_P_COOKIE(w);
+        if (GS_P_COUNT(w) && chain_cookie(w) > c)
+            c = chain_cookie(w);
     }
     return c;
 }
@@ -419,7 +440,7 @@ void gsi_pending_large_refill(void)
     reclaim_large();
     gate_leave(gate);
     int64_t bytes = atomic_load_explicit(&large_pending_bytes, memory_order_relaxed);
-    if (bytes > (int64_t)gsi_option(GSI_OPT_PENDING_EXPEDITE_KB) << 12 && !gsi_rcu_in_reader()) {
+    if (bytes > (int64_t)gsi_option(GSI_OPT_PENDING_EXPEDITE_KB) << 10 && !gsi_rcu_in_reader()) {
         gsi_gp_wait(gsi_gp_cookie());
         gate = gate_enter();
         reclaim_large();

@@ -17,6 +17,9 @@
    system call, no allocation: one load of the sequence (a seq_cst fence
    orders the caller's earlier stores, e.g. an unlink, before it). */
 uint64_t gsi_gp_cookie(void);
+/* The sequence itself (rcu/engine.h), for callers that keep cookies
+   truncated and rebuild them near it (alloc/pending.c). */
+extern _Atomic uint64_t gsi_gp_seq;
 
 /* Has the grace period named by cookie completed? One acquire load. */
 bool gsi_gp_done(uint64_t cookie);

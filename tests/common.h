@@ -7,7 +7,11 @@
 #ifndef GS_TESTS_COMMON_H
 #define GS_TESTS_COMMON_H
 
+#include "graceslab.h"
+
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -290,6 +294,44 @@ static inline void gst_exec_self(void *arg)
     char *argv[] = {(char *)"gs_test_child", NULL};
     execv("/proc/self/exe", argv);
     gst_child_fail("execv: %s", strerror(errno));
+}
+
+/* ------------------------------------------ a reader held open on purpose */
+
+/* A thread inside a read-side critical section until released: grace
+   periods cannot end meanwhile. */
+struct gst_held_reader {
+    pthread_t thread;
+    _Atomic int inside, release;
+};
+
+static void *gst_held_reader_main(void *arg)
+{
+    struct gst_held_reader *r = arg;
+    gs_rcu_read_lock();
+    atomic_store(&r->inside, 1);
+    while (!atomic_load(&r->release))
+        gst_sleep_ms(1);
+    gs_rcu_read_unlock();
+    return NULL;
+}
+
+/* Returns once the reader is inside (false if no thread could start). */
+static inline bool gst_reader_hold(struct gst_held_reader *r)
+{
+    atomic_store(&r->inside, 0);
+    atomic_store(&r->release, 0);
+    if (pthread_create(&r->thread, NULL, gst_held_reader_main, r))
+        return false;
+    while (!atomic_load(&r->inside))
+        gst_sleep_ms(1);
+    return true;
+}
+
+static inline void gst_reader_release(struct gst_held_reader *r)
+{
+    atomic_store(&r->release, 1);
+    pthread_join(r->thread, NULL);
 }
 
 #endif /* GS_TESTS_COMMON_H */

@@ -6,9 +6,12 @@
 #include <criterion/criterion.h>
 
 #include "alloc/internal.h"
+#include "graceslab.h"
+#include "rcu/internal.h"
 #include "../common.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <limits.h>
 #include <sys/mman.h>
@@ -716,4 +719,43 @@ Test(heap, direct_entries_follow_the_active_slabs)
         cr_assert_eq(gsi_slab_of(p), h->active[c], "size %zu: block not from the active slab", size);
         free(p);
     }
+}
+
+/* A pending chain keeps 40 bits of its cookie. A process whose grace-period
+   sequence passed 2^40 (about a day of back-to-back grace periods) once
+   read every stored cookie as long done: objects deferred under a reader
+   were handed out again while it read them. In a child, with the sequence
+   set just below 2^40 (no reader or grace period is active there). */
+static void defer_across_2_40(void *arg)
+{
+    (void)arg;
+    atomic_store(&gsi_gp_seq, ((uint64_t)1 << 40) - 2);
+    enum { N = 2048 };
+    void **p = gst_raw_array(N);
+    for (int i = 0; i < N; i++)
+        p[i] = gs_malloc(64);
+    struct gst_held_reader r;
+    if (!gst_reader_hold(&r))
+        gst_child_fail("pthread_create");
+    for (int i = 0; i < N; i++)
+        gs_free_rcu(p[i]); /* the reader may still hold any of them */
+    for (int i = 0; i < N; i++) {
+        void *q = gs_malloc(64);
+        for (int k = 0; k < N; k++)
+            if (q == p[k])
+                gst_child_fail("object %d handed out again under its reader (sequence %#lx)", k,
+                               (unsigned long)atomic_load(&gsi_gp_seq));
+    }
+    gst_reader_release(&r);
+    /* After the reader: the grace period ends and they come back. */
+    if (gs_reclaim(SIZE_MAX) < (size_t)N * 64)
+        gst_child_fail("deferred objects not reclaimed after the reader left");
+    exit(0);
+}
+
+Test(heap, deferred_objects_wait_when_the_sequence_passes_2_40, .timeout = 60)
+{
+    struct gst_child c;
+    cr_assert(gst_run_child(defer_across_2_40, NULL, &c));
+    GST_ASSERT_CHILD_OK(&c, "defer across 2^40");
 }

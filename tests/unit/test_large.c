@@ -6,9 +6,14 @@
 #include <criterion/criterion.h>
 
 #include "alloc/internal.h"
+#include "graceslab.h"
 #include "../common.h"
 
+#include <errno.h>
+#include <malloc.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -317,4 +322,81 @@ Test(large, tail_unmapped_only_after_its_map_units_cleared)
     free(holder[0]);
     free(holder[1]);
     gsi_option_set(GSI_OPT_LARGE_CACHE_MB, 64);
+}
+
+/* madvise (here MADV_DONTFORK, as RDMA registration does), mlock or
+   mprotect on part of a block split its mapping; mremap refuses a range of
+   several mappings, and realloc used to return NULL. It copies instead. */
+Test(large, realloc_of_a_split_mapping)
+{
+    size_t size = 8 << 20;
+    char *p = malloc(size);
+    gst_fill(p, size, 9);
+    char *mid = (char *)(((uintptr_t)p + (3 << 20)) & ~(uintptr_t)(GS_PAGE - 1));
+    cr_assert_eq(madvise(mid, 1 << 20, MADV_DONTFORK), 0);
+    errno = 0;
+    char *q = realloc(p, 32 << 20);
+    cr_assert_not_null(q, "errno %d", errno);
+    cr_assert_eq(gst_check(q, size, 9), size, "contents lost");
+    cr_assert_geq(malloc_usable_size(q), (size_t)32 << 20);
+    free(q);
+}
+
+/* A shrink whose mremap fails (the mapping must split and the process is
+   at vm.max_map_count) keeps the longer mapping: the block must still be
+   usable for the size realloc accepted (it used to keep the old, smaller
+   usable size). In a child: it fills the map count. */
+static void shrink_at_map_limit(void *arg)
+{
+    (void)arg;
+    size_t big = 25 << 20;
+    char *b = malloc(big);
+    memset(b, 1, big);
+    free(b); /* cached */
+    char *q = malloc(5 << 20); /* the cached block, its excess as slack */
+    struct gs_large *h = gsi_large_of(q);
+    if (!h || h->map_len < big)
+        gst_child_fail("the cached 25 MiB block was not reused whole");
+    /* A page right after the mapping, same protection: the kernel merges
+       them, so any shrink must split. */
+    void *after = mmap((char *)h + h->map_len, GS_PAGE, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    if (after == MAP_FAILED)
+        gst_child_fail("mmap after the block failed");
+    enum { MAPS = 70000 };
+    char *area = mmap(NULL, (size_t)MAPS * 2 * GS_PAGE, PROT_NONE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (area == MAP_FAILED)
+        gst_child_fail("mmap area failed");
+    for (long i = 0; i < MAPS; i++)
+        if (mprotect(area + i * 2 * GS_PAGE, GS_PAGE, PROT_READ))
+            break;
+    char *r = realloc(q, 6 << 20);
+    if (!r)
+        gst_child_fail("realloc failed");
+    if (malloc_usable_size(r) < (6u << 20))
+        gst_child_fail("usable %zu below the 6 MiB realloc accepted", malloc_usable_size(r));
+    exit(0);
+}
+
+Test(large, failed_shrink_keeps_the_size_accepted)
+{
+    struct gst_child c;
+    cr_assert(gst_run_child(shrink_at_map_limit, NULL, &c));
+    GST_ASSERT_CHILD_OK(&c, "shrink at the map limit");
+}
+
+/* A request larger than the address space fails at once: no reclaim, so
+   no wait for a grace period that a reader (here one that waits for this
+   thread) holds open. */
+Test(large, impossible_request_fails_without_waiting, .timeout = 60)
+{
+    struct gst_held_reader r;
+    cr_assert(gst_reader_hold(&r));
+    errno = 0;
+    void *p = malloc((size_t)1 << 48);
+    int e = errno;
+    gst_reader_release(&r);
+    cr_assert_null(p);
+    cr_assert_eq(e, ENOMEM);
 }

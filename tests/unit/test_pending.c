@@ -526,6 +526,26 @@ Test(in_reader, free_rcu_and_reclaim_only_poll, .timeout = 60)
 
 /* ---------------------------------------------------- gs_reclaim exact */
 
+/* Large blocks deferred past GRACESLAB_PENDING_EXPEDITE_KB (256 KiB by
+   default) make the next large allocation wait for their grace period and
+   free them (the bound was once four times the option). */
+Test(reclaim, large_pending_bounded_by_the_expedite_option, .timeout = 60)
+{
+    gs_reclaim(SIZE_MAX);
+    void *b[2];
+    for (int i = 0; i < 2; i++)
+        b[i] = gs_malloc(200 << 10);
+    for (int i = 0; i < 2; i++)
+        gs_free_rcu(b[i]);
+    struct gs_stats st;
+    gs_stats_get(&st);
+    cr_assert_geq(st.pending_bytes, (size_t)400 << 10);
+    void *x = gs_malloc(100 << 10); /* the large path: their refill */
+    gs_stats_get(&st);
+    cr_assert_leq(st.pending_bytes, (size_t)256 << 10, "%zu KiB pending", st.pending_bytes >> 10);
+    gs_free(x);
+}
+
 Test(reclaim, returns_exact_usable_bytes, .timeout = 60)
 {
     static const size_t sizes[] = {1, 16, 17, 48, 100, 1000, 1024, 5000, 32768, 40000, 300000};
@@ -651,6 +671,7 @@ enum bad_kind {
     FREE_RCU_MMAP,
     FREE_RCU_INTERIOR,
     REALLOC_AFTER_FREE_RCU,
+    REALLOC_AFTER_FREE_RCU_LARGE,
 };
 
 struct bad_case {
@@ -682,6 +703,7 @@ static void bad_child(void *arg)
         break;
     case FREE_RCU_TWICE_LARGE:
     case FREE_AFTER_FREE_RCU_LARGE:
+    case REALLOC_AFTER_FREE_RCU_LARGE:
         p = gs_malloc(100 << 10);
         break;
     case FREE_RCU_STACK:
@@ -718,6 +740,10 @@ static void bad_child(void *arg)
         gs_free_rcu(p);
         p = gs_realloc(p, 20000);
         break;
+    case REALLOC_AFTER_FREE_RCU_LARGE:
+        gs_free_rcu(p);
+        p = gs_realloc(p, 100 << 10); /* the size it has: the in-place path */
+        break;
     case FREE_RCU_AFTER_FREE:
         gs_free(p);
         gs_free_rcu(p);
@@ -751,6 +777,10 @@ Test(bad_input, free_rcu_twice_from_another_thread)
 Test(bad_input, free_after_free_rcu_small) { expect_abort(FREE_AFTER_FREE_RCU_SMALL, "free"); }
 Test(bad_input, free_after_free_rcu_large) { expect_abort(FREE_AFTER_FREE_RCU_LARGE, "free"); }
 Test(bad_input, realloc_after_free_rcu) { expect_abort(REALLOC_AFTER_FREE_RCU, "realloc"); }
+Test(bad_input, realloc_after_free_rcu_large)
+{
+    expect_abort(REALLOC_AFTER_FREE_RCU_LARGE, "realloc");
+}
 Test(bad_input, free_rcu_after_free) { expect_abort(FREE_RCU_AFTER_FREE, "gs_free_rcu"); }
 Test(bad_input, free_rcu_stack_pointer) { expect_abort(FREE_RCU_STACK, "gs_free_rcu"); }
 Test(bad_input, free_rcu_static_pointer) { expect_abort(FREE_RCU_STATIC, "gs_free_rcu"); }
