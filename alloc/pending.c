@@ -461,13 +461,27 @@ struct sweep {
                                              after the segment lock */
 };
 
+static bool has_done_chain(const struct gs_slab *s)
+{
+    for (unsigned k = 0; k < GS_PENDING_CHAINS; k++) {
+        uint64_t w = atomic_load_explicit(&s->pending[k], memory_order_relaxed);
+        if (GS_P_COUNT(w) && gsi_gp_done(chain_cookie(w)))
+            return true;
+    }
+    return false;
+}
+
 /* Under segment_lock: lock-free work only. Slabs of other heaps get their
    done chains through the remote chain; slabs h owns or adopts here are
    finished after the lock is dropped (nobody else may retire them). */
 static void sweep_slab(struct gs_slab *s, void *arg)
 {
     struct sweep *sw = arg;
-    if (!gsi_slab_has_pending(s))
+    /* Only slabs with a chain done now: a slab settled in an earlier pass
+       whose objects still wait has nothing to do, and picking it again made
+       a sweep with more than SETTLE_BATCH such slabs (inside a reader, or
+       while one kept the grace period open) start over forever. */
+    if (!has_done_chain(s))
         return;
     uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
     if (gsi_heap_owns(sw->h, x) || (GS_X_OWNER(x) == 0 && sw->h && !s->cache)) {

@@ -546,6 +546,29 @@ Test(reclaim, large_pending_bounded_by_the_expedite_option, .timeout = 60)
     gs_free(x);
 }
 
+/* More slabs with objects pending under this reader than one sweep batch
+   (1024) settles: gs_reclaim inside the section returns (it used to start
+   its walk over forever), and after the section reclaims all of them. */
+Test(in_reader, reclaim_over_many_waiting_slabs_returns, .timeout = 60)
+{
+    enum { SLABS = 1400, PER = 16, SIZE = 4096 }; /* at most 16 per slab (64 KiB) */
+    void **p = gst_raw_array(SLABS * PER);
+    for (size_t i = 0; i < SLABS * PER; i++)
+        cr_assert_not_null(p[i] = gs_malloc(SIZE));
+    gs_reclaim(SIZE_MAX);
+    gs_rcu_read_lock();
+    size_t n = 0;
+    for (size_t i = 0; i < SLABS * PER; i += PER / 2, n++)
+        gs_free_rcu(p[i]); /* two in every slab */
+    size_t inside = gs_reclaim(SIZE_MAX);
+    gs_rcu_read_unlock();
+    cr_assert_eq(inside, 0, "reclaimed under the reader that protects them");
+    cr_assert_eq(gs_reclaim(SIZE_MAX), n * SIZE);
+    for (size_t i = 0; i < SLABS * PER; i++)
+        if (i % (PER / 2))
+            gs_free(p[i]);
+}
+
 Test(reclaim, returns_exact_usable_bytes, .timeout = 60)
 {
     static const size_t sizes[] = {1, 16, 17, 48, 100, 1000, 1024, 5000, 32768, 40000, 300000};
