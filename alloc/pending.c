@@ -474,27 +474,51 @@ static bool has_done_chain(const struct gs_slab *s)
 /* Under segment_lock: lock-free work only. Slabs of other heaps get their
    done chains through the remote chain; slabs h owns or adopts here are
    finished after the lock is dropped (nobody else may retire them). */
+static bool adoptable(const struct sweep *sw, const struct gs_slab *s, uint64_t x)
+{
+    return GS_X_OWNER(x) == 0 && sw->h && !s->cache;
+}
+
+/* Takes s for sw's heap (adopting it if ownerless), to settle after the
+   lock; false if the batch is full (sw->full: another pass) or another
+   heap adopted it first. */
+static bool take_for_settle(struct sweep *sw, struct gs_slab *s, uint64_t x)
+{
+    if (sw->nsettle == SETTLE_BATCH) {
+        sw->full = true;
+        return false;
+    }
+    if (GS_X_OWNER(x) == 0 && !gsi_slab_adopt(sw->h, s))
+        return false;
+    sw->settle[sw->nsettle++] = s;
+    return true;
+}
+
 static void sweep_slab(struct gs_slab *s, void *arg)
 {
     struct sweep *sw = arg;
+    uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
     /* Only slabs with a chain done now: a slab settled in an earlier pass
        whose objects still wait has nothing to do, and picking it again made
        a sweep with more than SETTLE_BATCH such slabs (inside a reader, or
-       while one kept the grace period open) start over forever. */
-    if (!has_done_chain(s))
+       while one kept the grace period open) start over forever. And an
+       ownerless slab with objects on its remote chain: stranded (below). */
+    bool stranded = adoptable(sw, s, x) && GS_X_COUNT(x);
+    if (!stranded && !has_done_chain(s))
         return;
-    uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
-    if (gsi_heap_owns(sw->h, x) || (GS_X_OWNER(x) == 0 && sw->h && !s->cache)) {
-        if (sw->nsettle == SETTLE_BATCH) {
-            sw->full = true;
-            return;
-        }
-        if (GS_X_OWNER(x) == 0 && !gsi_slab_adopt(sw->h, s))
-            return; /* adopted by someone else meanwhile: theirs now */
-        sw->settle[sw->nsettle++] = s;
+    if (gsi_heap_owns(sw->h, x) || adoptable(sw, s, x)) {
+        take_for_settle(sw, s, x);
         return;
     }
     sw->bytes += (size_t)reclaim_to_remote(s) * s->obj_size;
+    /* Its owner may have given it up between our look and our push (it
+       found nothing free and released it, or its thread exited): then the
+       objects just pushed wait on the remote chain of a slab no list holds,
+       and if none of its objects is still allocated no free will ever adopt
+       it. Take it here (or in the next pass, as stranded). */
+    x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
+    if (adoptable(sw, s, x) && GS_X_COUNT(x))
+        take_for_settle(sw, s, x);
 }
 
 /* A slab owned by the sweeping heap: reclaim its done chains, then put it
