@@ -474,6 +474,16 @@ static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
             put_exhausted(h, s);
         }
     }
+    /* Other threads' deferrals of this class wait on slabs this heap does
+       not own (a thread that frees what another allocates); the sweep hands
+       them to the orphan list once their grace period is done. */
+    if (gsi_pending_reclaim_class(cls)) {
+        while ((s = orphan_adopt(h, cls))) {
+            if (slab_refill(s))
+                goto got;
+            put_exhausted(h, s);
+        }
+    }
     s = gsi_slab_new(cls);
     if (!s)
         return NULL;

@@ -47,6 +47,9 @@ static _Atomic uint64_t orphan_reclaimed;
 static _Atomic(struct gs_large *) large_pending;
 static _Atomic int64_t large_pending_objects, large_pending_bytes;
 static _Atomic bool hook_registered;
+/* Set by the first deferral of a small object: until then no refill looks
+   at other threads' pending counts. */
+static _Atomic bool deferred_ever;
 /* Set by gs_free_rcu (which makes no system call) when the engine may not
    know about new pending memory; the next allocator slow path kicks the
    lazy reclaim. Written only when it changes, so the shared line stays
@@ -227,13 +230,22 @@ static void free_rcu_small(void *p, const char *call, uint64_t cookie)
             break;
     }
     count_pending(s->cls, 1);
-    /* A full slab has no owner to reclaim it: the caller adopts it (one
-       CAS, lock-free) and keeps it on its waiting list, so its own refills
-       reclaim the object. Its orphan-list entry, if any, stays as a stale
-       hint (see gsi_orphan_remove). */
+    if (!atomic_load_explicit(&deferred_ever, memory_order_relaxed))
+        atomic_store_explicit(&deferred_ever, true, memory_order_relaxed);
+    /* A full slab has no owner to reclaim it: a caller that allocates this
+       class adopts it (one CAS, lock-free) and keeps it on its waiting
+       list, so its own refills reclaim the object. Its orphan-list entry,
+       if any, stays as a stale hint (see gsi_orphan_remove). A caller that
+       does not allocate this class leaves it ownerless: a sweep adopts it
+       once the grace period is done and hands it to the orphan list, where
+       the heaps that allocate the class find it. (Adopted by such a caller,
+       the reclaimed objects waited on its remote chains for refills that
+       never came, and a thread that allocated for another thread that
+       deferred the frees mapped new memory without bound.) */
     struct gs_heap *h = gsi_tls_mine;
     if (GS_X_OWNER(atomic_load_explicit(&s->xstate, memory_order_relaxed)) == 0 &&
-        h != &gsi_empty_heap && !s->cache && gsi_slab_adopt(h, s))
+        h != &gsi_empty_heap && !s->cache && h->active[s->cls] != &gsi_empty_slab &&
+        gsi_slab_adopt(h, s))
         gsi_heap_wait_pending(h, s);
     if (!atomic_load_explicit(&gsi_pending_unarmed, memory_order_relaxed))
         atomic_store_explicit(&gsi_pending_unarmed, true, memory_order_relaxed);
@@ -449,6 +461,33 @@ void gsi_pending_large_refill(void)
 }
 
 /* ----------------------------------------- reclaim across every slab */
+
+struct class_count {
+    unsigned cls;
+    int64_t n;
+};
+
+static void add_class_pending(struct gs_heap *h, void *arg)
+{
+    struct class_count *cc = arg;
+    cc->n += atomic_load_explicit(&h->pending_objects[cc->cls], memory_order_relaxed);
+}
+
+bool gsi_pending_reclaim_class(unsigned cls)
+{
+    /* The per-heap counts exist only with statistics (-Dstats=false: no
+       bound across threads, only the deferring thread's own). */
+    if (!GS_STATS || !atomic_load_explicit(&deferred_ever, memory_order_relaxed) ||
+        gsi_rcu_in_reader())
+        return false;
+    struct class_count cc = {cls, atomic_load_explicit(&orphan_pending[cls], memory_order_relaxed)};
+    gsi_heaps_foreach(add_class_pending, &cc);
+    if (cc.n <= 0 || (size_t)cc.n * gsi_classes[cls].size <
+                         (size_t)gsi_option(GSI_OPT_PENDING_EXPEDITE_KB) << 10)
+        return false;
+    gsi_gp_wait(gsi_gp_cookie());
+    return gsi_pending_sweep(NULL) > 0;
+}
 
 #define SETTLE_BATCH 1024
 

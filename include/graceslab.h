@@ -34,10 +34,9 @@ extern "C" {
  * Inside a read-side critical section none of these waits for a grace
  * period (they only poll), so all may be called there. Outside one, an
  * allocation may wait for a grace period, so that deferred memory cannot
- * pile up: when the calling thread holds more than
- * GRACESLAB_PENDING_EXPEDITE_KB (256 KiB) of slabs waiting on deferred
- * objects of that size class; for a block above 32 KiB, when more than
- * that is deferred in such blocks (by any thread); and when the OS refused
+ * pile up: before it maps new memory for a size class of which more than
+ * GRACESLAB_PENDING_EXPEDITE_KB (256 KiB) is deferred (by this thread or
+ * any other; blocks above 32 KiB count together); and when the OS refused
  * memory (pending memory is then reclaimed and the allocation retried
  * once). So, as around gs_synchronize_rcu(), do not allocate while holding
  * a lock that a reader may wait for inside its critical section, in a
