@@ -189,10 +189,19 @@ GS_EXPORT void gs_cache_destroy(struct gs_cache *c)
        object's cookie is done, and TYPESAFE_BY_RCU readers are gone. */
     gsi_gp_wait(gsi_gp_cookie());
     pthread_mutex_lock(&c->lock);
-    size_t live = 0;
     for (struct gs_slab *s = c->slabs.first; s; s = s->next) {
         gsi_slab_collect(s);
         gsi_pending_reclaim_local(s);
+    }
+    /* A sweep on another thread (gs_reclaim, the engine's lazy thread) may
+       have taken a done chain of these slabs before us and be about to
+       push it onto the remote chain: those objects would count as live,
+       and the push would land on a retired slab. Wait for the sweeps
+       running now, then collect what they pushed. */
+    gsi_pending_sweeps_quiesce();
+    size_t live = 0;
+    for (struct gs_slab *s = c->slabs.first; s; s = s->next) {
+        gsi_slab_collect(s);
         live += s->used;
     }
     if (live) {

@@ -600,6 +600,8 @@ uint64_t gsi_slab_pending_cookie(const struct gs_slab *s);
 /* Reclaims every done pending object of every slab and large block;
    returns bytes made reusable, and how many objects are still pending. */
 size_t gsi_pending_sweep(size_t *still_pending);
+/* Returns once every sweep running when it was called has finished. */
+void gsi_pending_sweeps_quiesce(void);
 /* Refill, before mapping a new slab of class cls: if at least
    GRACESLAB_PENDING_EXPEDITE_KB of that class is pending (any thread's
    deferrals), waits for a grace period and sweeps (outside a reader only);

@@ -574,12 +574,26 @@ static void settle(struct sweep *sw, struct gs_slab *s)
         gsi_heap_slab_reclaimed(sw->h, s);
 }
 
+/* Sweeps in progress (gsi_pending_sweeps_quiesce). */
+static _Atomic int sweeps_running;
+
+void gsi_pending_sweeps_quiesce(void)
+{
+    /* seq_cst, with the increment and decrement in gsi_pending_sweep: a
+       sweep that took a chain before the caller took the others is counted
+       here, and its push (a release CAS on xstate) is visible to the
+       caller's collect after this sees it finished. */
+    while (atomic_load(&sweeps_running))
+        sched_yield();
+}
+
 size_t gsi_pending_sweep(size_t *still_pending)
 {
     struct sweep *sw = gsi_sweep_buffer();
     size_t bytes = 0;
     gsi_heap_get(); /* before the gate: the gate flag lives in the heap */
     _Atomic int *gate = gate_enter();
+    atomic_fetch_add(&sweeps_running, 1);
     do {
         sw->h = gsi_heap_get();
         sw->bytes = 0;
@@ -590,6 +604,7 @@ size_t gsi_pending_sweep(size_t *still_pending)
             settle(sw, sw->settle[i]);
         bytes += sw->bytes;
     } while (sw->full);
+    atomic_fetch_sub(&sweeps_running, 1);
     bytes += reclaim_large();
     gate_leave(gate);
     if (still_pending) {

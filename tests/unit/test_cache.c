@@ -362,6 +362,41 @@ static void reader_cache_calls(void *arg)
     gs_cache_destroy(c);
 }
 
+/* Destroy while another thread sweeps (gs_reclaim in a loop, as the
+   engine's lazy thread also does): a sweep may take a done chain of the
+   cache's slabs just before destroy and push it onto the remote chain
+   after destroy collected it. Destroy waits for running sweeps and
+   collects again; it used to abort "destroying cache with live objects"
+   (one run in three of 100 rounds; one in four of this test's 300 before
+   it went to 1000) and could retire a slab under the push. */
+static _Atomic int sweeping_stop;
+static void *keep_sweeping(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&sweeping_stop))
+        gs_reclaim(SIZE_MAX);
+    return NULL;
+}
+
+Test(destroy, while_another_thread_sweeps, .timeout = 120)
+{
+    enum { ROUNDS = 1000, N = 20000 };
+    void **p = gst_raw_array(N);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, keep_sweeping, NULL), 0);
+    for (int r = 0; r < ROUNDS; r++) {
+        struct gs_cache *c = gs_cache_create("swept", 16, 0, 0);
+        cr_assert_not_null(c);
+        for (int i = 0; i < N; i++)
+            cr_assert_not_null(p[i] = gs_cache_alloc(c));
+        for (int i = 0; i < N; i++)
+            gs_cache_free_rcu(c, p[i]);
+        gs_cache_destroy(c); /* aborts the test on a false "live objects" */
+    }
+    atomic_store(&sweeping_stop, 1);
+    pthread_join(t, NULL);
+}
+
 Test(in_reader, cache_calls_never_wait, .timeout = 60)
 {
     struct gst_child c;
