@@ -643,7 +643,12 @@ GS_EXPORT size_t gs_reclaim(size_t bytes)
         gsi_gp_wait(gsi_gp_cookie());
     else
         gsi_gp_advance();
-    return gsi_pending_sweep(NULL);
+    size_t made = gsi_pending_sweep(NULL);
+    /* A sweep on another thread (the engine's lazy thread) may hold chains
+       it took but has not relinked and counted yet: once this returns,
+       the statistics count them reclaimed. */
+    gsi_pending_sweeps_quiesce();
+    return made;
 }
 
 bool gsi_oom_reclaim(void)
