@@ -273,8 +273,12 @@ void gsi_large_free(struct gs_large *b, const char *call)
     b->next = cache_first;
     cache_first = b;
     cache_account((ptrdiff_t)b->map_len, 1);
-    /* Over the bounds: drop the oldest (the tail). */
-    while (cache_bytes > limit || cache_count > CACHE_ENTRIES) { /* lock held */
+    /* Over the bounds: drop the oldest (the tail). The budget covers the
+       live blocks' slack too (slack_fits): without it, cache and slack
+       together reached twice the budget. */
+    while (cache_first && (cache_bytes + atomic_load_explicit(&slack_bytes, memory_order_relaxed) >
+                               limit ||
+                           cache_count > CACHE_ENTRIES)) { /* lock held */
         struct gs_large **l = &cache_first;
         while ((*l)->next)
             l = &(*l)->next;

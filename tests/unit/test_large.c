@@ -166,19 +166,23 @@ Test(large, long_cached_block_reused_without_refaults)
    GRACESLAB_LARGE_CACHE_MB; realloc and free give the slack back. */
 Test(large, slack_bounded_by_the_cache_budget)
 {
-    gsi_option_set(GSI_OPT_LARGE_CACHE_MB, 20);
+    /* 21 MiB: the cache's 8 MiB block (plus its header page) and the
+       slack of two earlier blocks must fit together for the third block
+       to find it (the cache is bounded together with the slack). */
+    gsi_option_set(GSI_OPT_LARGE_CACHE_MB, 21);
     size_t big = 8 << 20, small = 2 << 20;
     char *x[4];
     for (int i = 0; i < 4; i++) {
         free(malloc(big)); /* one 8 MiB block in the cache */
         x[i] = malloc(small);
     }
-    /* 6 MiB of slack each: three fit in 20 MiB, the fourth is shrunk. */
+    /* 6 MiB of slack each: three fit in 21 MiB; for the fourth, the
+       freed block does not even stay in the cache. */
     for (int i = 0; i < 3; i++)
         cr_assert_geq(gsi_large_of(x[i])->map_len, big, "block %d lost its slack", i);
     cr_assert_lt(gsi_large_of(x[3])->map_len, small + 2 * GS_PAGE,
                  "slack beyond the budget: %zu bytes mapped", gsi_large_of(x[3])->map_len);
-    cr_assert_leq(gsi_large_cached_bytes(), (size_t)20 << 20);
+    cr_assert_leq(gsi_large_cached_bytes(), (size_t)21 << 20);
     /* realloc up to the mapping's length uses the slack, then it is gone. */
     struct gs_large *b0 = gsi_large_of(x[0]);
     size_t room = b0->map_len - (size_t)(x[0] - (char *)b0);
@@ -192,6 +196,28 @@ Test(large, slack_bounded_by_the_cache_budget)
     cr_assert_eq(gsi_large_cached_bytes(), 0, "slack accounting left %zu bytes",
                  gsi_large_cached_bytes());
     gsi_option_set(GSI_OPT_LARGE_CACHE_MB, 64);
+}
+
+/* Blocks freed into a cache while live blocks hold slack: the cache
+   drops its oldest blocks until cache and slack fit the budget together
+   (it used to bound the cache alone: 120 MiB unused for a 64 MiB budget). */
+Test(large, cache_fills_only_what_slack_leaves)
+{
+    size_t limit = (size_t)gsi_option(GSI_OPT_LARGE_CACHE_MB) << 20; /* 64 MiB */
+    char *a = malloc(31 << 20), *b = malloc(31 << 20);
+    free(a);
+    free(b);
+    char *s1 = malloc(1 << 20), *s2 = malloc(1 << 20); /* 30 MiB of slack each */
+    cr_assert_geq(gsi_large_of(s1)->map_len, (size_t)31 << 20, "no slack kept: test is moot");
+    char *c[3];
+    for (int i = 0; i < 3; i++)
+        c[i] = malloc(20 << 20);
+    for (int i = 0; i < 3; i++)
+        free(c[i]);
+    cr_assert_leq(gsi_large_cached_bytes(), limit, "cache + slack %zu MiB, budget %zu MiB",
+                  gsi_large_cached_bytes() >> 20, limit >> 20);
+    free(s1);
+    free(s2);
 }
 
 /* A block above half the cache limit is unmapped at free. */
@@ -287,10 +313,11 @@ void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 
 Test(large, tail_unmapped_only_after_its_map_units_cleared)
 {
-    /* A cached 5 MiB block resized in place for a 132 KiB request: with
-       a 12 MiB budget and two live blocks already keeping about 5 MiB of
-       slack each, it cannot keep its own. */
-    gsi_option_set(GSI_OPT_LARGE_CACHE_MB, 12);
+    /* A cached 5 MiB block resized in place for a 132 KiB request: two
+       live blocks already keep about 5 MiB of slack each, within a 16 MiB
+       budget that also holds the cached block; the budget then drops to
+       12 MiB, so it cannot keep its own. */
+    gsi_option_set(GSI_OPT_LARGE_CACHE_MB, 16);
     void *holder[2];
     for (int i = 0; i < 2; i++) {
         free(malloc(5 << 20));
@@ -300,6 +327,7 @@ Test(large, tail_unmapped_only_after_its_map_units_cleared)
     void *big = malloc(5 << 20);
     cr_assert_not_null(big);
     free(big);
+    gsi_option_set(GSI_OPT_LARGE_CACHE_MB, 12);
     watch = true;
     void *p = malloc(132 << 10);
     cr_assert_eq(gsi_large_of(p), (struct gs_large *)((uintptr_t)big & ~GS_SEGMENT_MASK),
