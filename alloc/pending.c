@@ -36,6 +36,7 @@
 #include "rcu/internal.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <sched.h>
 #include <string.h>
 
@@ -205,6 +206,25 @@ static void free_rcu_small(void *p, const char *call, uint64_t cookie)
 {
     uint32_t idx;
     struct gs_slab *s = gsi_small_block(p, &idx, call);
+    unsigned cls = s->cls;
+    /* A full slab has no owner to reclaim it: a caller that allocates this
+       class adopts it (one CAS, lock-free) and keeps it on its waiting
+       list, so its own refills reclaim the object. Its orphan-list entry,
+       if any, stays as a stale hint (see gsi_orphan_remove). A caller that
+       does not allocate this class leaves it ownerless: a sweep adopts it
+       once the grace period is done and hands it to the orphan list, where
+       the heaps that allocate the class find it. (Adopted by such a caller,
+       the reclaimed objects waited on its remote chains for refills that
+       never came, and a thread that allocated for another thread that
+       deferred the frees mapped new memory without bound.)
+       Adopted before the push, and s not read after it unless adopted:
+       once the object is on a chain, a grace period and another thread's
+       sweep can reclaim it, and the slab can empty, be retired, even be
+       unmapped with its segment, while this thread is preempted. */
+    struct gs_heap *h = gsi_tls_mine;
+    bool adopted = GS_X_OWNER(atomic_load_explicit(&s->xstate, memory_order_relaxed)) == 0 &&
+                   h != &gsi_empty_heap && !s->cache && h->active[cls] != &gsi_empty_slab &&
+                   gsi_slab_adopt(h, s);
     _Atomic uint64_t *chain = &s->pending[(cookie >> 1) & (GS_PENDING_CHAINS - 1)];
     uint64_t w = atomic_load_explicit(chain, memory_order_relaxed);
     bool marked = false;
@@ -229,24 +249,11 @@ static void free_rcu_small(void *p, const char *call, uint64_t cookie)
                                                   memory_order_release, memory_order_relaxed))
             break;
     }
-    count_pending(s->cls, 1);
+    count_pending(cls, 1);
     if (!atomic_load_explicit(&deferred_ever, memory_order_relaxed))
         atomic_store_explicit(&deferred_ever, true, memory_order_relaxed);
-    /* A full slab has no owner to reclaim it: a caller that allocates this
-       class adopts it (one CAS, lock-free) and keeps it on its waiting
-       list, so its own refills reclaim the object. Its orphan-list entry,
-       if any, stays as a stale hint (see gsi_orphan_remove). A caller that
-       does not allocate this class leaves it ownerless: a sweep adopts it
-       once the grace period is done and hands it to the orphan list, where
-       the heaps that allocate the class find it. (Adopted by such a caller,
-       the reclaimed objects waited on its remote chains for refills that
-       never came, and a thread that allocated for another thread that
-       deferred the frees mapped new memory without bound.) */
-    struct gs_heap *h = gsi_tls_mine;
-    if (GS_X_OWNER(atomic_load_explicit(&s->xstate, memory_order_relaxed)) == 0 &&
-        h != &gsi_empty_heap && !s->cache && h->active[s->cls] != &gsi_empty_slab &&
-        gsi_slab_adopt(h, s))
-        gsi_heap_wait_pending(h, s);
+    if (adopted)
+        gsi_heap_wait_pending(h, s); /* ours: nobody else retires it */
     if (!atomic_load_explicit(&gsi_pending_unarmed, memory_order_relaxed))
         atomic_store_explicit(&gsi_pending_unarmed, true, memory_order_relaxed);
 }
@@ -574,6 +581,11 @@ static void settle(struct sweep *sw, struct gs_slab *s)
         gsi_heap_slab_reclaimed(sw->h, s);
 }
 
+/* The sweep state of threads that could not map their own: one sweep at
+   a time (taken inside the fork gate, so never held across a fork). */
+static struct sweep emergency_sweep;
+static pthread_mutex_t emergency_lock = PTHREAD_MUTEX_INITIALIZER;
+
 /* Sweeps in progress (gsi_pending_sweeps_quiesce). */
 static _Atomic int sweeps_running;
 
@@ -593,6 +605,9 @@ size_t gsi_pending_sweep(size_t *still_pending)
     size_t bytes = 0;
     gsi_heap_get(); /* before the gate: the gate flag lives in the heap */
     _Atomic int *gate = gate_enter();
+    bool shared = sw == &emergency_sweep;
+    if (shared)
+        pthread_mutex_lock(&emergency_lock);
     atomic_fetch_add(&sweeps_running, 1);
     do {
         sw->h = gsi_heap_get();
@@ -605,6 +620,8 @@ size_t gsi_pending_sweep(size_t *still_pending)
         bytes += sw->bytes;
     } while (sw->full);
     atomic_fetch_sub(&sweeps_running, 1);
+    if (shared)
+        pthread_mutex_unlock(&emergency_lock);
     bytes += reclaim_large();
     gate_leave(gate);
     if (still_pending) {
@@ -673,10 +690,8 @@ struct sweep *gsi_sweep_buffer(void)
     if (!sweep_buffer) {
         size_t bytes = (sizeof(struct sweep) + GS_PAGE - 1) & ~(size_t)(GS_PAGE - 1);
         sweep_buffer = gsi_os_map_aligned(bytes, GS_PAGE);
-        if (!sweep_buffer) {
-            static struct sweep emergency; /* last resort, racy but bounded */
-            sweep_buffer = &emergency;
-        }
+        if (!sweep_buffer)
+            sweep_buffer = &emergency_sweep; /* last resort, shared (locked) */
     }
     return sweep_buffer;
 }
