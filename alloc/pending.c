@@ -200,6 +200,17 @@ static uint64_t chain_cookie(uint64_t w)
     return c;
 }
 
+/* The newer of a chain's cookie and `cookie`, without reading the
+   sequence (gs_free_rcu's path): two cookies still waiting are within a few
+   of each other, so the signed difference of their low 40 bits is their
+   difference. (A chain cookie 2^39 grace periods stale may come out as the
+   newer one: its chain only waits longer.) */
+static uint64_t newer_cookie(uint64_t w, uint64_t cookie)
+{
+    int64_t d = (int64_t)((GS_P_COOKIE(w) - cookie) << 24) >> 24;
+    return d > 0 ? cookie + (uint64_t)d : cookie;
+}
+
 /* ------------------------------------------------------------ gs_free_rcu */
 
 static void free_rcu_small(void *p, const char *call, uint64_t cookie)
@@ -241,7 +252,7 @@ static void free_rcu_small(void *p, const char *call, uint64_t cookie)
         } else {
             gsi_link_store(s, idx, link);
         }
-        uint64_t c = GS_P_COUNT(w) && chain_cookie(w) > cookie ? chain_cookie(w) : cookie;
+        uint64_t c = GS_P_COUNT(w) ? newer_cookie(w, cookie) : cookie;
         /* Release: publishes the link write to the reclaimer's acquire CAS
            in take_done_chain(). */
         if (atomic_compare_exchange_weak_explicit(chain, &w,
@@ -477,7 +488,8 @@ struct class_count {
 static void add_class_pending(struct gs_heap *h, void *arg)
 {
     struct class_count *cc = arg;
-    cc->n += atomic_load_explicit(&h->pending_objects[cc->cls], memory_order_relaxed);
+    if (h != gsi_tls_mine)
+        cc->n += atomic_load_explicit(&h->pending_objects[cc->cls], memory_order_relaxed);
 }
 
 bool gsi_pending_reclaim_class(unsigned cls)
@@ -487,6 +499,12 @@ bool gsi_pending_reclaim_class(unsigned cls)
     if (!GS_STATS || !atomic_load_explicit(&deferred_ever, memory_order_relaxed) ||
         gsi_rcu_in_reader())
         return false;
+    /* Other heaps' counts only: this thread's own deferrals wait on its
+       own lists, which refill has just waited for (pending_worth_waiting).
+       A count goes up in the deferring heap and down in the reclaiming
+       one, so the others' sum is the class's pending total minus this
+       heap's own balance: at least the total for a thread that only
+       reclaims what others defer. */
     struct class_count cc = {cls, atomic_load_explicit(&orphan_pending[cls], memory_order_relaxed)};
     gsi_heaps_foreach(add_class_pending, &cc);
     if (cc.n <= 0 || (size_t)cc.n * gsi_classes[cls].size <
