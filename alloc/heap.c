@@ -436,7 +436,7 @@ static struct gs_slab *waiting_ready(struct gs_heap *h, unsigned cls, bool wait)
 static bool pending_worth_waiting(struct gs_heap *h, unsigned cls)
 {
     size_t bytes = h->waiting[cls].count * gsi_classes[cls].span * GS_SLOT_SIZE;
-    return bytes >= (size_t)gsi_option(GSI_OPT_PENDING_EXPEDITE_KB) << 10;
+    return bytes >= gsi_pending_expedite_bytes();
 }
 
 static struct gs_slab *refill(struct gs_heap *h, unsigned cls)

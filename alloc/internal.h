@@ -607,6 +607,12 @@ void gsi_pending_sweeps_quiesce(void);
    deferrals), waits for a grace period and sweeps (outside a reader only);
    true if that made memory reusable (the orphan list may have slabs). */
 bool gsi_pending_reclaim_class(unsigned cls);
+/* GRACESLAB_PENDING_EXPEDITE_KB in bytes: the pending memory past which an
+   allocation waits for a grace period rather than map more. */
+GS_INLINE size_t gsi_pending_expedite_bytes(void)
+{
+    return (size_t)gsi_option(GSI_OPT_PENDING_EXPEDITE_KB) << 10;
+}
 /* Makes sure the engine's lazy thread sweeps pending memory later. */
 void gsi_pending_kick(void);
 extern _Atomic bool gsi_pending_unarmed;

@@ -425,8 +425,9 @@ uint64_t gsi_slab_pending_cookie(const struct gs_slab *s)
     uint64_t c = 0;
     for (unsigned k = 0; k < GS_PENDING_CHAINS; k++) {
         uint64_t w = atomic_load_explicit(&s->pending[k], memory_order_relaxed);
-        if (GS_P_COUNT(w) && chain_cookie(w) > c)
-            c = chain_cookie(w);
+        uint64_t k_cookie = GS_P_COUNT(w) ? chain_cookie(w) : 0;
+        if (k_cookie > c)
+            c = k_cookie;
     }
     return c;
 }
@@ -470,7 +471,7 @@ void gsi_pending_large_refill(void)
     reclaim_large();
     gate_leave(gate);
     int64_t bytes = atomic_load_explicit(&large_pending_bytes, memory_order_relaxed);
-    if (bytes > (int64_t)gsi_option(GSI_OPT_PENDING_EXPEDITE_KB) << 10 && !gsi_rcu_in_reader()) {
+    if (bytes > (int64_t)gsi_pending_expedite_bytes() && !gsi_rcu_in_reader()) {
         gsi_gp_wait(gsi_gp_cookie());
         gate = gate_enter();
         reclaim_large();
@@ -507,8 +508,7 @@ bool gsi_pending_reclaim_class(unsigned cls)
        reclaims what others defer. */
     struct class_count cc = {cls, atomic_load_explicit(&orphan_pending[cls], memory_order_relaxed)};
     gsi_heaps_foreach(add_class_pending, &cc);
-    if (cc.n <= 0 || (size_t)cc.n * gsi_classes[cls].size <
-                         (size_t)gsi_option(GSI_OPT_PENDING_EXPEDITE_KB) << 10)
+    if (cc.n <= 0 || (size_t)cc.n * gsi_classes[cls].size < gsi_pending_expedite_bytes())
         return false;
     gsi_gp_wait(gsi_gp_cookie());
     return gsi_pending_sweep(NULL) > 0;
