@@ -173,7 +173,11 @@ void gs_rcu_unregister_thread(void);
 /* Expedites a grace period (unless called inside a read-side critical
    section, where it only polls) and makes pending objects reusable until at
    least `bytes` are reclaimed or nothing is left. Returns the exact number
-   of bytes made reusable. Blocks (outside read-side sections). */
+   of bytes this call made reusable: a sweep running meanwhile on another
+   thread (another gs_reclaim, the engine's background thread) may make some
+   reusable itself, and they count there, not here. gs_stats_get() counts
+   every sweep, and is exact for all of them once this returns. Blocks
+   (outside read-side sections). */
 size_t gs_reclaim(size_t bytes);
 
 #define GS_STATS_CLASSES 96

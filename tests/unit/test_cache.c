@@ -124,8 +124,10 @@ Test(cache, free_rcu_defers_until_grace_period)
         cr_assert_eq(gst_check(p[i], SZ, (uintptr_t)i + 1), SZ,
                      "deferred object %d written before its grace period", i);
     gs_rcu_read_unlock();
-    size_t got = gs_reclaim(SIZE_MAX);
-    cr_assert_geq(got, (size_t)N * SZ, "gs_reclaim returned %zu", got);
+    /* The allocations above kicked the engine's background thread, which
+       may sweep some of them before or while gs_reclaim does (its bytes
+       are not in gs_reclaim's return): the statistics count every sweep. */
+    gs_reclaim(SIZE_MAX);
     gs_stats_get(&st2);
     cr_assert_eq(st2.pending_objects, 0);
     cr_assert_geq(st2.reclaimed_objects - st1.reclaimed_objects, N);

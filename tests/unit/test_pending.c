@@ -724,13 +724,16 @@ Test(thread_exit, deferred_objects_are_reclaimed, .timeout = 60)
         cr_assert_eq(st1.pending_objects, 2 * N, "pending %zu after the thread exited",
                      st1.pending_objects);
         cr_assert_eq(st1.pending_bytes, want);
-        size_t got = 0;
-        for (int i = 0; i < 10 && got < want; i++)
-            got += gs_reclaim(SIZE_MAX);
-        cr_assert_eq(got, want, "reclaimed %zu of %zu bytes deferred by an exited thread", got,
-                     want);
+        /* One call reclaims them all. The engine's background thread
+           (kicked by the thread's refills in the second round) may sweep
+           some first, and those are not in gs_reclaim's return: the
+           statistics count every sweep. */
+        size_t got = gs_reclaim(SIZE_MAX);
+        cr_assert_leq(got, want, "reclaimed %zu of %zu bytes deferred by an exited thread", got,
+                      want);
         gs_stats_get(&st2);
-        cr_assert_eq(st2.pending_objects, 0);
+        cr_assert_eq(st2.pending_objects, 0, "%zu still pending after gs_reclaim",
+                     st2.pending_objects);
         cr_assert_eq(st2.reclaimed_objects, st1.reclaimed_objects + 2 * N);
         for (size_t i = 0; i < N; i++)
             cr_assert_not_null(foreign[i] = gs_malloc(i % 3 ? 80 : 50000));
