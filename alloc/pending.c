@@ -432,10 +432,23 @@ uint64_t gsi_slab_pending_cookie(const struct gs_slab *s)
     return c;
 }
 
+/* Sweeps in progress (gsi_pending_sweeps_quiesce): a slab sweep or a walk
+   of the large stack holds chains or blocks it took and has not counted
+   yet. */
+static _Atomic int sweeps_running;
+
 /* Large blocks: frees the ones whose grace period is done. */
 static size_t reclaim_large(void)
 {
-    struct gs_large *b = atomic_exchange_explicit(&large_pending, NULL, memory_order_acquire);
+    /* Counted before the take (seq_cst, as in gsi_pending_sweep): a
+       gs_reclaim that finds the stack empty because we took it waits for
+       us in gsi_pending_sweeps_quiesce. Its exchange reads ours (or a push
+       after it, which continues our release sequence), so our increment
+       happens before its look at the counter. */
+    atomic_fetch_add(&sweeps_running, 1);
+    /* Acquire: the pushers' cookies and links (their release CAS).
+       Release: the increment above, for the next taker (see there). */
+    struct gs_large *b = atomic_exchange_explicit(&large_pending, NULL, memory_order_acq_rel);
     size_t bytes = 0;
     while (b) {
         struct gs_large *next = b->next;
@@ -456,6 +469,7 @@ static size_t reclaim_large(void)
         }
         b = next;
     }
+    atomic_fetch_sub(&sweeps_running, 1);
     return bytes;
 }
 
@@ -604,15 +618,13 @@ static void settle(struct sweep *sw, struct gs_slab *s)
 static struct sweep emergency_sweep;
 static pthread_mutex_t emergency_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Sweeps in progress (gsi_pending_sweeps_quiesce). */
-static _Atomic int sweeps_running;
-
 void gsi_pending_sweeps_quiesce(void)
 {
-    /* seq_cst, with the increment and decrement in gsi_pending_sweep: a
-       sweep that took a chain before the caller took the others is counted
-       here, and its push (a release CAS on xstate) is visible to the
-       caller's collect after this sees it finished. */
+    /* seq_cst, with the increment and decrement in gsi_pending_sweep and
+       reclaim_large: a sweep that took a chain (or the large stack) before
+       the caller took the others is counted here, and its push (a release
+       CAS on xstate) and its counts are visible to the caller after this
+       sees it finished. */
     while (atomic_load(&sweeps_running))
         sched_yield();
 }

@@ -268,10 +268,12 @@ Test(heap, active_slab_charge_renewed)
 /* fork: in the child, the heaps of threads that did not survive are no
    longer live, the locks are usable, and allocation works. */
 static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int hold_has_heap;
 static void *hold_heap(void *arg)
 {
     (void)arg;
     void *p = malloc(64);
+    atomic_store(&hold_has_heap, 1);
     pthread_mutex_lock(&hold_lock);
     pthread_mutex_unlock(&hold_lock);
     free(p);
@@ -300,7 +302,8 @@ Test(heap, fork_abandons_other_threads_heaps)
     pthread_t t;
     pthread_mutex_lock(&hold_lock);
     cr_assert_eq(pthread_create(&t, NULL, hold_heap, NULL), 0);
-    gst_sleep_ms(20);
+    for (int i = 0; i < 10000 && !atomic_load(&hold_has_heap); i++)
+        gst_sleep_ms(1);
     size_t n[2];
     count_heaps(n);
     cr_assert_geq(n[1], 2);

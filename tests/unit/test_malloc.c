@@ -514,7 +514,8 @@ Test(malloc, calloc_zeroes_reused_memory)
 
 /* Freed memory that graceslab keeps for reuse (the thread's empty slabs,
    committed empty slabs, up to GRACESLAB_EMPTY_CACHE_MB) goes back to the
-   OS at malloc_trim, not one purge delay later. */
+   OS at malloc_trim, not one purge delay later (meson runs this program
+   with GRACESLAB_PURGE_DELAY_MS=600000, so only the trim can give it). */
 Test(malloc, malloc_trim_gives_kept_memory_back)
 {
     enum { N = (40 << 20) / 64 };

@@ -140,6 +140,8 @@ static void oom_scenario(size_t fill_size, size_t again_size, bool reader, bool 
 
 /* Lazy reclaim: a burst of deferrals, one allocation slow path, then no
    allocator traffic at all: pending must drain on its own. */
+static size_t burst_pending; /* right after the deferrals */
+
 static void *lazy_burst(void *arg)
 {
     size_t n = (size_t)(uintptr_t)arg;
@@ -151,6 +153,11 @@ static void *lazy_burst(void *arg)
     }
     for (size_t i = 0; i < n; i++)
         gs_free_rcu(ptrs[i]);
+    /* Counted before the slow path below kicks the background thread:
+       from then on it may drain them at any moment. */
+    struct gs_stats st;
+    gs_stats_get(&st);
+    burst_pending = st.pending_objects;
     /* One slow path: the first block of a class this thread never used. */
     void *p = gs_malloc(12000);
     GST_CHILD_CHECK(p != NULL, "gs_malloc");
@@ -170,9 +177,8 @@ static void lazy_scenario(bool in_thread)
     } else {
         lazy_burst((void *)(uintptr_t)n);
     }
-    gs_stats_get(&st);
-    GST_CHILD_CHECK(st.pending_objects >= n / 2, "only %zu pending right after the burst",
-                st.pending_objects);
+    GST_CHILD_CHECK(burst_pending >= n / 2, "only %zu pending right after the burst",
+                    burst_pending);
     double t0 = gst_now_s();
     do {
         gst_sleep_ms(20);
@@ -184,6 +190,43 @@ static void lazy_scenario(bool in_thread)
     GST_CHILD_CHECK(st.reclaimed_objects - st0.reclaimed_objects >= n, "reclaimed %zu < %zu",
                 st.reclaimed_objects - st0.reclaimed_objects, n);
 }
+
+/* gs_reclaim against the engine's background thread, which sweeps on its
+   own once a refill kicked it: whatever either took, once gs_reclaim
+   returns nothing is pending (the statistics are exact for every sweep).
+   The background thread's sweep frees the large blocks it took after its
+   slab walk, and gs_reclaim once returned while that was still going on.
+   Run with GRACESLAB_RCU_LAZY_MS=1, so that the two race every round; a
+   random pause of up to 2 ms moves the window. */
+static void background_sweep_scenario(void)
+{
+    enum { ROUNDS = 1000, LARGE = 64, KICKS = 64 };
+    void *big[LARGE], *kick[KICKS];
+    unsigned r = 12345;
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int i = 0; i < LARGE; i++)
+            GST_CHILD_CHECK((big[i] = gs_malloc(100000)) != NULL, "gs_malloc");
+        for (int i = 0; i < LARGE; i++)
+            gs_free_rcu(big[i]);
+        /* Enough 12000-byte blocks for several slabs: refills, which kick
+           the background thread (something is pending). */
+        for (int i = 0; i < KICKS; i++)
+            GST_CHILD_CHECK((kick[i] = gs_malloc(12000)) != NULL, "gs_malloc");
+        for (int i = 0; i < KICKS; i++)
+            gs_free(kick[i]);
+        r = r * 1103515245u + 12345u;
+        struct timespec t = {0, (long)((r >> 8) % 2000000)};
+        nanosleep(&t, NULL);
+        gs_reclaim(SIZE_MAX);
+        struct gs_stats st;
+        gs_stats_get(&st);
+        GST_CHILD_CHECK(st.pending_objects == 0,
+                        "round %d: %zu objects (%zu B) pending after gs_reclaim returned", round,
+                        st.pending_objects, st.pending_bytes);
+    }
+}
+
+static void thread_exit_scenario(void); /* below, with its test */
 
 __attribute__((constructor)) static void child_mode(void)
 {
@@ -215,6 +258,10 @@ __attribute__((constructor)) static void child_mode(void)
         lazy_scenario(false);
     else if (!strcmp(m, "lazy_thread"))
         lazy_scenario(true);
+    else if (!strcmp(m, "background_sweep"))
+        background_sweep_scenario();
+    else if (!strcmp(m, "thread_exit"))
+        thread_exit_scenario();
     else
         gst_child_fail("unknown GS_PENDING_CHILD=%s", m);
     _exit(0);
@@ -627,6 +674,11 @@ Test(reclaim, another_threads_deferrals_stay_bounded, .timeout = 120)
                   st.mapped_bytes >> 20, hand_total, HAND_SIZE);
 }
 
+Test(reclaim, nothing_pending_after_return_while_background_thread_sweeps, .timeout = 120)
+{
+    run_mode("background_sweep", "GRACESLAB_RCU_LAZY_MS=1");
+}
+
 Test(reclaim, returns_exact_usable_bytes, .timeout = 60)
 {
     static const size_t sizes[] = {1, 16, 17, 48, 100, 1000, 1024, 5000, 32768, 40000, 300000};
@@ -687,14 +739,17 @@ struct exit_args {
     void **own;     /* allocated and deferred by the thread */
     void **foreign; /* allocated by the main thread, deferred by the thread */
     size_t n;
+    size_t want;    /* usable bytes of both, read before the deferral */
 };
 
 static void *defer_and_exit(void *arg)
 {
     struct exit_args *a = arg;
+    a->want = 0;
     for (size_t i = 0; i < a->n; i++) {
         a->own[i] = gs_malloc(32 + i % 200);
         memset(a->own[i], 3, 32);
+        a->want += gs_usable_size(a->own[i]) + gs_usable_size(a->foreign[i]);
     }
     for (size_t i = 0; i < a->n; i++) {
         gs_free_rcu(a->own[i]);
@@ -703,42 +758,45 @@ static void *defer_and_exit(void *arg)
     return NULL;
 }
 
-Test(thread_exit, deferred_objects_are_reclaimed, .timeout = 60)
+/* Twice: a thread defers its own objects and the main thread's, and
+   exits; one gs_reclaim returns exactly their bytes. Run with
+   GRACESLAB_RCU_LAZY_MS=600000: the second round's refills kick the
+   engine's background thread, whose own sweep (one lazy timeout later)
+   would otherwise take a share that gs_reclaim does not count. */
+static void thread_exit_scenario(void)
 {
     enum { N = 5000 };
     static void *own[N], *foreign[N];
     for (size_t i = 0; i < N; i++)
-        cr_assert_not_null(foreign[i] = gs_malloc(i % 3 ? 80 : 50000));
-    drain_pending();
-    struct gs_stats st0, st1, st2;
-    gs_stats_get(&st0);
-    struct exit_args a = {own, foreign, N};
+        GST_CHILD_CHECK((foreign[i] = gs_malloc(i % 3 ? 80 : 50000)) != NULL, "gs_malloc");
+    struct gs_stats st1, st2;
+    struct exit_args a = {own, foreign, N, 0};
     for (int round = 0; round < 2; round++) {
         pthread_t t;
-        cr_assert_eq(pthread_create(&t, NULL, defer_and_exit, &a), 0);
+        GST_CHILD_CHECK(pthread_create(&t, NULL, defer_and_exit, &a) == 0, "pthread_create");
         pthread_join(t, NULL);
         gs_stats_get(&st1);
-        size_t want = 0;
-        for (size_t i = 0; i < N; i++)
-            want += gs_usable_size(own[i]) + gs_usable_size(foreign[i]);
-        cr_assert_eq(st1.pending_objects, 2 * N, "pending %zu after the thread exited",
-                     st1.pending_objects);
-        cr_assert_eq(st1.pending_bytes, want);
-        /* One call reclaims them all. The engine's background thread
-           (kicked by the thread's refills in the second round) may sweep
-           some first, and those are not in gs_reclaim's return: the
-           statistics count every sweep. */
+        GST_CHILD_CHECK(st1.pending_objects == 2 * N, "round %d: pending %zu after the thread "
+                        "exited", round, st1.pending_objects);
+        GST_CHILD_CHECK(st1.pending_bytes == a.want, "round %d: %zu bytes pending, %zu deferred",
+                        round, st1.pending_bytes, a.want);
         size_t got = gs_reclaim(SIZE_MAX);
-        cr_assert_leq(got, want, "reclaimed %zu of %zu bytes deferred by an exited thread", got,
-                      want);
+        GST_CHILD_CHECK(got == a.want, "round %d: reclaimed %zu of %zu bytes deferred by an "
+                        "exited thread", round, got, a.want);
         gs_stats_get(&st2);
-        cr_assert_eq(st2.pending_objects, 0, "%zu still pending after gs_reclaim",
-                     st2.pending_objects);
-        cr_assert_eq(st2.reclaimed_objects, st1.reclaimed_objects + 2 * N);
+        GST_CHILD_CHECK(st2.pending_objects == 0, "round %d: %zu still pending", round,
+                        st2.pending_objects);
+        GST_CHILD_CHECK(st2.reclaimed_objects == st1.reclaimed_objects + 2 * N,
+                        "round %d: %zu reclaimed, %d deferred", round,
+                        st2.reclaimed_objects - st1.reclaimed_objects, 2 * N);
         for (size_t i = 0; i < N; i++)
-            cr_assert_not_null(foreign[i] = gs_malloc(i % 3 ? 80 : 50000));
+            GST_CHILD_CHECK((foreign[i] = gs_malloc(i % 3 ? 80 : 50000)) != NULL, "gs_malloc");
     }
-    (void)st0;
+}
+
+Test(thread_exit, deferred_objects_are_reclaimed, .timeout = 60)
+{
+    run_mode("thread_exit", "GRACESLAB_RCU_LAZY_MS=600000");
 }
 
 /* ------------------------------------------------------------ bad input */
