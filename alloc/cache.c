@@ -36,6 +36,11 @@ struct gs_cache {
     struct gs_slab *current;   /* slab allocations come from */
 };
 
+bool gsi_cache_typesafe(const struct gs_cache *c)
+{
+    return c->flags & GS_CACHE_TYPESAFE_BY_RCU;
+}
+
 static bool slab_ready_locked(struct gs_slab *s)
 {
     return s->free_head != GS_LINK_END || gsi_slab_collect(s) ||
@@ -165,6 +170,8 @@ GS_EXPORT void gs_cache_free(struct gs_cache *c, void *p)
     }
     gsi_slab_push(s, idx, p);
     GS_VG_FREE(p);
+    if (c->flags & GS_CACHE_TYPESAFE_BY_RCU)
+        GS_VG_TYPESAFE(p, c->size);
     if (--s->used == 0 && s != c->current)
         retire_empty_locked(c);
     pthread_mutex_unlock(&c->lock);

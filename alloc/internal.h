@@ -590,6 +590,12 @@ void *gsi_malloc_aligned(size_t size, size_t align);
 bool gsi_oom_reclaim(void);
 
 /* ---------------------------------------------------------------------
+ * cache.c: dedicated caches.
+ * --------------------------------------------------------------------- */
+/* Its freed objects stay readable to RCU readers (memcheck annotations). */
+bool gsi_cache_typesafe(const struct gs_cache *c);
+
+/* ---------------------------------------------------------------------
  * pending.c: gs_free_rcu and the reclaim of pending objects.
  * --------------------------------------------------------------------- */
 void gsi_free_rcu(void *p, const char *call);

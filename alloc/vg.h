@@ -51,6 +51,14 @@ static inline bool gs_vg_memcheck(void)
         if (gsi_valgrind)                                                      \
             VALGRIND_MAKE_MEM_UNDEFINED((p), (n));                             \
     } while (0)
+/* A freed object of a GS_CACHE_TYPESAFE_BY_RCU cache: readers may still
+   read it (it stays an object of the cache's type until the slab's grace
+   period ends), so it stays readable, with its last contents. */
+#define GS_VG_TYPESAFE(p, n)                                                   \
+    do {                                                                       \
+        if (gsi_valgrind)                                                      \
+            VALGRIND_MAKE_MEM_DEFINED((p), (n));                               \
+    } while (0)
 /* graceslab's own reads of a block's slack (realloc copies the usable
    size, which memcheck does not know). */
 #define GS_VG_QUIET_BEGIN()                                                    \
@@ -69,6 +77,7 @@ static inline bool gs_vg_memcheck(void)
 #define GS_VG_FREE(p) ((void)(p))
 #define GS_VG_NOACCESS(p, n) ((void)(p), (void)(n))
 #define GS_VG_ADDRESSABLE(p, n) ((void)(p), (void)(n))
+#define GS_VG_TYPESAFE(p, n) ((void)(p), (void)(n))
 #define GS_VG_QUIET_BEGIN() ((void)0)
 #define GS_VG_QUIET_END() ((void)0)
 #endif

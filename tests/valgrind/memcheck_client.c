@@ -76,6 +76,34 @@ int main(int argc, char **argv)
         for (int i = 0; i < 4; i++)
             free(a[i]);
         free(p);
+    } else if (!strcmp(s, "typesafe_read")) {
+        /* A GS_CACHE_TYPESAFE_BY_RCU cache: a reader may still read a
+           freed object (it stays one of the cache's objects), after
+           gs_cache_free and after a gs_cache_free_rcu's grace period. */
+        struct gs_cache *c = gs_cache_create("vg", 48, 16, GS_CACHE_TYPESAFE_BY_RCU);
+        char *a = gs_cache_alloc(c), *b = gs_cache_alloc(c), *keep = gs_cache_alloc(c);
+        memset(a, 1, 48);
+        memset(b, 2, 48);
+        gs_rcu_read_lock();
+        gs_cache_free(c, a);
+        sink = a[7]; /* allowed: type-safe memory */
+        gs_rcu_read_unlock();
+        gs_cache_free_rcu(c, b);
+        gs_reclaim((size_t)-1);
+        sink = b[7]; /* allowed too, after the grace period */
+        gs_cache_free(c, keep);
+        gs_cache_destroy(c);
+        free(p);
+    } else if (!strcmp(s, "cache_use_after_free")) {
+        /* Without the flag, a freed cache object is no-access. */
+        struct gs_cache *c = gs_cache_create("vg", 48, 16, 0);
+        char *a = gs_cache_alloc(c), *keep = gs_cache_alloc(c);
+        memset(a, 1, 48);
+        gs_cache_free(c, a);
+        sink = a[7]; /* memcheck: invalid read */
+        gs_cache_free(c, keep);
+        gs_cache_destroy(c);
+        free(p);
     } else if (!strcmp(s, "slot_reuse")) {
         /* A slab slot formatted for one class, emptied and retired, then
            formatted for a class with a longer link array: graceslab's own

@@ -34,7 +34,10 @@ expect large_after_gp 42 'Invalid read of size 1'
 # Aligned blocks past the first of their class (announced to memcheck too).
 expect aligned 0 ''
 expect aligned_overflow 42 'Invalid read of size 1'
+# Dedicated caches: a TYPESAFE_BY_RCU cache's freed objects stay readable.
+expect typesafe_read 0 ''
+expect cache_use_after_free 42 'Invalid read of size 1'
 # A retired slab slot reused by a class with a longer link array.
 VG_ENV=GRACESLAB_HEAP_EMPTY_KB=0 expect slot_reuse 0 ''
-if [ $fail -eq 0 ]; then echo "10 passed, 0 failed"; else echo "memcheck scenarios failed"; fi
+if [ $fail -eq 0 ]; then echo "12 passed, 0 failed"; else echo "memcheck scenarios failed"; fi
 exit $fail
