@@ -36,11 +36,6 @@ struct gs_cache {
     struct gs_slab *current;   /* slab allocations come from */
 };
 
-bool gsi_cache_typesafe(const struct gs_cache *c)
-{
-    return c->flags & GS_CACHE_TYPESAFE_BY_RCU;
-}
-
 static bool slab_ready_locked(struct gs_slab *s)
 {
     return s->free_head != GS_LINK_END || gsi_slab_collect(s) ||
@@ -130,6 +125,7 @@ GS_EXPORT void *gs_cache_alloc(struct gs_cache *c)
                 return NULL;
             }
             s->cache = c;
+            s->typesafe = c->flags & GS_CACHE_TYPESAFE_BY_RCU;
             gsi_slab_adopt(c->heap, s);
             gsi_slab_extend(s, 64);
             gsi_heap_list_push(&c->slabs, s);
@@ -170,7 +166,7 @@ GS_EXPORT void gs_cache_free(struct gs_cache *c, void *p)
     }
     gsi_slab_push(s, idx, p);
     GS_VG_FREE(p);
-    if (c->flags & GS_CACHE_TYPESAFE_BY_RCU)
+    if (s->typesafe)
         GS_VG_TYPESAFE(p, c->size);
     if (--s->used == 0 && s != c->current)
         retire_empty_locked(c);

@@ -174,6 +174,8 @@ struct gs_slab {
     uint8_t where;           /* enum gs_slab_where: which heap list */
     bool kept_empty;         /* empty, kept on the partial list for reuse
                                 (counted in heap->empty_bytes) */
+    bool typesafe;           /* of a GS_CACHE_TYPESAFE_BY_RCU cache: its
+                                freed objects stay readable (memcheck) */
     struct gs_slab *next, *prev; /* heap partial/waiting list (owner) */
     struct gs_slab *orphan_next, *orphan_prev; /* orphan list (orphan_lock) */
     struct gs_cache *cache;  /* owning dedicated cache, NULL for malloc */
@@ -588,12 +590,6 @@ void *gsi_malloc_aligned(size_t size, size_t align);
 /* The OS refused memory: reclaim what can be reclaimed, say whether a retry
    is worth it (pending.c). */
 bool gsi_oom_reclaim(void);
-
-/* ---------------------------------------------------------------------
- * cache.c: dedicated caches.
- * --------------------------------------------------------------------- */
-/* Its freed objects stay readable to RCU readers (memcheck annotations). */
-bool gsi_cache_typesafe(const struct gs_cache *c);
 
 /* ---------------------------------------------------------------------
  * pending.c: gs_free_rcu and the reclaim of pending objects.

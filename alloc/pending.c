@@ -340,7 +340,7 @@ static uint32_t retag_chain(struct gs_slab *s, uint32_t head, uint32_t n, uint16
         GS_ASSERT_EXPENSIVE((v & ~GS_LINK_INDEX) == GS_LINK_PENDING);
         gsi_link_store(s, i, (uint16_t)(tag | (v & GS_LINK_INDEX)));
         GS_VG_FREE(s->start + (size_t)i * s->obj_size); /* no-access from now on */
-        if (gsi_valgrind && s->cache && gsi_cache_typesafe(s->cache)) /* readers may look */
+        if (s->typesafe) /* its readers may still look */
             GS_VG_TYPESAFE(s->start + (size_t)i * s->obj_size, s->obj_size);
         if (k == n)
             return i;

@@ -326,6 +326,7 @@ static struct gs_slab *reuse_ready_locked(struct gs_slab *s)
     s->orphaned = false;
     s->kept_empty = false;
     s->cache = NULL;
+    s->typesafe = false;
     s->wait_cookie = 0;
     atomic_store_explicit(&s->owner_key, 0, memory_order_relaxed);
     atomic_store_explicit(&s->xstate, GS_X_MAKE(0, GS_LINK_END, 0), memory_order_relaxed);

@@ -54,6 +54,7 @@ void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
     s->next = s->prev = NULL;
     s->orphan_next = s->orphan_prev = NULL;
     s->cache = NULL;
+    s->typesafe = false;
     s->wait_cookie = 0;
     s->orphaned = false;
     /* Objects not linked yet: their links may hold whatever the slots held
