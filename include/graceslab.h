@@ -176,8 +176,9 @@ void gs_rcu_unregister_thread(void);
    of bytes this call made reusable: a sweep running meanwhile on another
    thread (another gs_reclaim, the engine's background thread) may make some
    reusable itself, and they count there, not here. gs_stats_get() counts
-   every sweep, and is exact for all of them once this returns. Blocks
-   (outside read-side sections). */
+   both: once this returns, no such sweep holds objects it has not counted
+   (threads still allocating or deferring change the figures as they go).
+   Blocks (outside read-side sections). */
 size_t gs_reclaim(size_t bytes);
 
 #define GS_STATS_CLASSES 96
