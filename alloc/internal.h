@@ -371,7 +371,8 @@ GS_INLINE unsigned gsi_map_kind(uintptr_t a)
 void *gsi_os_map_aligned(size_t size, size_t align); /* NULL on failure */
 void gsi_os_unmap(void *p, size_t size);
 void gsi_os_decommit(void *p, size_t size);           /* MADV_DONTNEED */
-bool gsi_os_remap(void *old, size_t old_len, size_t new_len, void *fixed_new);
+/* 0, or mremap's error (errno itself is preserved). */
+int gsi_os_remap(void *old, size_t old_len, size_t new_len, void *fixed_new);
 void gsi_map_set(void *start, size_t len, unsigned kind_first);
 void gsi_map_clear(void *start, size_t len);
 uint64_t gsi_now_ns(void);

@@ -304,6 +304,7 @@ static struct gs_large *block_resize(struct gs_large *b, size_t len)
 {
     size_t old_len = b->map_len;
     size_t off = (size_t)((char *)b->user - (char *)b);
+    int err;
     if (len == old_len) {
         b->usable = len - off; /* any slack becomes usable */
         return b;
@@ -319,22 +320,32 @@ static struct gs_large *block_resize(struct gs_large *b, size_t len)
         uintptr_t end = (uintptr_t)b + old_len;
         if (tail < end)
             gsi_map_clear((void *)tail, end - tail);
-        if (!gsi_os_remap(b, old_len, len, NULL)) {
+        if (gsi_os_remap(b, old_len, len, NULL) != 0) {
             /* (Splitting the mapping can fail, at vm.max_map_count.) The
                longer mapping stays; past the new size it is slack. */
             gsi_map_set(b, old_len, GS_MAP_LARGE);
             b->usable = len - off;
             return b;
         }
-    } else if (gsi_os_remap(b, old_len, len, NULL)) {
+    } else if ((err = gsi_os_remap(b, old_len, len, NULL)) == 0) {
         gsi_map_set(b, len, GS_MAP_LARGE);
+    } else if (err != ENOMEM) {
+        /* EFAULT: madvise, mlock or mprotect split the mapping (EAGAIN:
+           an mlock limit). A move would fail the same way, and kernels
+           before about 6.17 unmap the destination before they find that
+           out: another thread could map something there before it is
+           unmapped "again" below. Only ENOMEM (the pages after the block
+           are taken) is worth a move. The caller copies instead. */
+        return NULL;
     } else {
         size_t region_align = off > GS_SEGMENT_SIZE ? off : GS_SEGMENT_SIZE;
         void *dst = gsi_os_map_aligned(len, region_align);
         if (!dst)
             return NULL;
         gsi_map_clear(b, old_len);
-        if (!gsi_os_remap(b, old_len, len, dst)) {
+        if (gsi_os_remap(b, old_len, len, dst) != 0) {
+            /* Left: the kernel itself out of memory. On kernels before
+               about 6.17 dst may already be unmapped here (see above). */
             gsi_map_set(b, old_len, GS_MAP_LARGE);
             gsi_os_unmap(dst, len);
             return NULL;

@@ -67,21 +67,22 @@ void gsi_os_decommit(void *p, size_t size)
     errno = saved;
 }
 
-bool gsi_os_remap(void *old, size_t old_len, size_t new_len, void *fixed_new)
+int gsi_os_remap(void *old, size_t old_len, size_t new_len, void *fixed_new)
 {
     int saved = errno;
     if (new_len > old_len && injected_failure(new_len - old_len))
-        return false;
+        return ENOMEM;
     void *r = fixed_new ? mremap(old, old_len, new_len, MREMAP_MAYMOVE | MREMAP_FIXED, fixed_new)
                         : mremap(old, old_len, new_len, 0);
+    int err = r == MAP_FAILED ? errno : 0;
     errno = saved;
-    if (r == MAP_FAILED)
-        return false;
+    if (err)
+        return err;
     if (new_len > old_len)
         atomic_fetch_add_explicit(&gsi_os_mapped_bytes, new_len - old_len, memory_order_relaxed);
     else
         atomic_fetch_sub_explicit(&gsi_os_mapped_bytes, old_len - new_len, memory_order_relaxed);
-    return true;
+    return 0;
 }
 
 /* Marks the 4 MiB units covered by [start, start+len). For large mappings

@@ -13,10 +13,15 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -38,6 +43,34 @@ static inline double gst_now_s(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* seccomp filters in tests. GST_SECCOMP_PROLOGUE kills the process on a
+   foreign system-call ABI (where the numbers would mean other calls), then
+   loads the call's number; gst_seccomp_install() applies a filter to the
+   calling thread. */
+#if defined(__x86_64__)
+#define GST_AUDIT_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define GST_AUDIT_ARCH AUDIT_ARCH_AARCH64
+#endif
+#ifdef GST_AUDIT_ARCH
+#define GST_SECCOMP_PROLOGUE                                                   \
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),  \
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, GST_AUDIT_ARCH, 1, 0),             \
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),                   \
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr))
+#else
+#define GST_SECCOMP_PROLOGUE                                                   \
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr))
+#endif
+
+static inline bool gst_seccomp_install(struct sock_filter *f, size_t n)
+{
+    struct sock_fprog prog = {(unsigned short)n, f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return false;
+    return syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) == 0;
 }
 
 /* What a child run by gst_run_child() did. */

@@ -12,12 +12,15 @@
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 static void init(void)
@@ -369,6 +372,104 @@ Test(large, realloc_of_a_split_mapping)
     cr_assert_geq(malloc_usable_size(q), (size_t)32 << 20);
     free(q);
 }
+
+/* A realloc that cannot grow a block in place moves its pages to a new
+   reservation with mremap(MREMAP_FIXED); kernels before about 6.17 unmap
+   that reservation before they check the source, so when the move fails
+   another thread may map something there before graceslab unmaps it.
+   When the in-place grow already says the mapping is split (EFAULT), the
+   move would fail, so it must not be tried. A seccomp filter traps every
+   MREMAP_FIXED call; the handler counts it and fails it with EPERM. The
+   control (an unsplit block) shows that the filter sees a move. */
+#if defined(__x86_64__)
+static volatile sig_atomic_t fixed_moves;
+static volatile uintptr_t fixed_move_from[8]; /* the source of each */
+
+static void count_fixed_move(int sig, siginfo_t *si, void *ucv)
+{
+    (void)sig;
+    (void)si;
+    ucontext_t *uc = ucv;
+    if (fixed_moves < 8)
+        fixed_move_from[fixed_moves] = (uintptr_t)uc->uc_mcontext.gregs[REG_RDI];
+    fixed_moves++;
+    uc->uc_mcontext.gregs[REG_RAX] = -EPERM;
+}
+
+static bool moved_with_fixed(const void *block)
+{
+    for (int i = 0; i < fixed_moves && i < 8; i++)
+        if (fixed_move_from[i] == (uintptr_t)block)
+            return true;
+    return false;
+}
+
+static bool trap_fixed_mremap(void)
+{
+    struct sigaction sa = {.sa_sigaction = count_fixed_move, .sa_flags = SA_SIGINFO};
+    if (sigaction(SIGSYS, &sa, NULL) != 0)
+        return false;
+    struct sock_filter f[] = {
+        GST_SECCOMP_PROLOGUE,
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_mremap, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[3])),
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, MREMAP_FIXED, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    return gst_seccomp_install(f, sizeof f / sizeof f[0]);
+}
+
+/* An 8 MiB block whose next page is taken, so it cannot grow in place. */
+static char *blocked_block(size_t size, int seed)
+{
+    char *p = malloc(size);
+    if (!p)
+        gst_child_fail("malloc failed");
+    gst_fill(p, size, seed);
+    struct gs_large *h = gsi_large_of(p);
+    void *after = mmap((char *)h + h->map_len, GS_PAGE, PROT_READ,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (after == MAP_FAILED)
+        gst_child_fail("mmap after the block failed");
+    return p;
+}
+
+static void grow_split_block(void *arg)
+{
+    (void)arg;
+    size_t size = 8 << 20;
+    char *whole = blocked_block(size, 3);
+    char *split = blocked_block(size, 4);
+    struct gs_large *whole_h = gsi_large_of(whole), *split_h = gsi_large_of(split);
+    char *mid = (char *)(((uintptr_t)split + (3 << 20)) & ~(uintptr_t)(GS_PAGE - 1));
+    if (madvise(mid, 1 << 20, MADV_DONTFORK) != 0)
+        gst_child_fail("madvise failed");
+    if (!trap_fixed_mremap())
+        gst_child_fail("seccomp filter not installed");
+    char *q = realloc(whole, 32 << 20);
+    if (!q || gst_check(q, size, 3) != size)
+        gst_child_fail("control: realloc lost the block");
+    if (!moved_with_fixed(whole_h))
+        gst_child_fail("control: no MREMAP_FIXED move of the whole block seen");
+    /* (The copy may reuse the control's old block, now cached, and move
+       that one: only moves of the split block count.) */
+    char *r = realloc(split, 32 << 20);
+    if (!r || gst_check(r, size, 4) != size)
+        gst_child_fail("split: realloc lost the block");
+    if (moved_with_fixed(split_h))
+        gst_child_fail("the split mapping was moved with MREMAP_FIXED");
+    free(q);
+    free(r);
+}
+
+Test(large, split_mapping_is_not_moved_with_mremap_fixed)
+{
+    struct gst_child c;
+    cr_assert(gst_run_child(grow_split_block, NULL, &c));
+    GST_ASSERT_CHILD_OK(&c, "grow a split block");
+}
+#endif
 
 /* A shrink whose mremap fails (the mapping must split and the process is
    at vm.max_map_count) keeps the longer mapping: the block must still be

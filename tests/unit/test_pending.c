@@ -22,9 +22,6 @@
 
 #include <criterion/criterion.h>
 
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -335,28 +332,15 @@ static void on_sigsys(int sig, siginfo_t *si, void *uc)
 /* Only write and the exit calls are allowed; anything else traps. */
 static bool install_seccomp(void)
 {
-#if defined(__x86_64__)
-#define GS_AUDIT_ARCH AUDIT_ARCH_X86_64
-#elif defined(__aarch64__)
-#define GS_AUDIT_ARCH AUDIT_ARCH_AARCH64
-#endif
     struct sock_filter f[] = {
-#ifdef GS_AUDIT_ARCH
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, GS_AUDIT_ARCH, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
-#endif
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        GST_SECCOMP_PROLOGUE,
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_write, 3, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_exit_group, 2, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_rt_sigreturn, 1, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
-    struct sock_fprog prog = {(unsigned short)(sizeof f / sizeof f[0]), f};
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
-        return false;
-    return syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) == 0;
+    return gst_seccomp_install(f, sizeof f / sizeof f[0]);
 }
 
 static void *alloc_in_thread(void *arg)
