@@ -16,7 +16,8 @@
  * at once.
  *
  * Locking: c->lock, then (inside slab code) orphan/segment locks. Never
- * waits for a grace period with c->lock held.
+ * waits for a grace period with c->lock held. Fork takes every cache's
+ * lock (heap.c).
  */
 #include "alloc/internal.h"
 #include "rcu/internal.h"
@@ -30,7 +31,7 @@ struct gs_cache {
     size_t align;
     unsigned flags;
     unsigned cls;              /* slab geometry */
-    pthread_mutex_t lock;      /* protects everything below */
+    struct gs_cache_lock lock; /* .mutex protects everything below */
     struct gs_heap *heap;      /* owner identity of the cache's slabs */
     struct gs_slab_list slabs; /* every slab, current first */
     struct gs_slab *current;   /* slab allocations come from */
@@ -95,13 +96,14 @@ GS_EXPORT struct gs_cache *gs_cache_create(const char *name, size_t size, size_t
     c->align = align;
     c->flags = flags;
     c->cls = (unsigned)cls;
-    pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->lock.mutex, NULL);
+    gsi_cache_lock_register(&c->lock);
     return c;
 }
 
 GS_EXPORT void *gs_cache_alloc(struct gs_cache *c)
 {
-    pthread_mutex_lock(&c->lock);
+    pthread_mutex_lock(&c->lock.mutex);
     struct gs_slab *s = c->current;
     if (!s || !slab_ready_locked(s)) {
         s = NULL;
@@ -113,14 +115,14 @@ GS_EXPORT void *gs_cache_alloc(struct gs_cache *c)
         if (!s) {
             retire_empty_locked(c);
             s = gsi_slab_new(c->cls);
-            if (!s && (pthread_mutex_unlock(&c->lock), gsi_oom_reclaim())) {
-                pthread_mutex_lock(&c->lock);
+            if (!s && (pthread_mutex_unlock(&c->lock.mutex), gsi_oom_reclaim())) {
+                pthread_mutex_lock(&c->lock.mutex);
                 s = gsi_slab_new(c->cls);
             } else if (!s) {
-                pthread_mutex_lock(&c->lock);
+                pthread_mutex_lock(&c->lock.mutex);
             }
             if (!s) {
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_unlock(&c->lock.mutex);
                 errno = ENOMEM;
                 return NULL;
             }
@@ -137,7 +139,7 @@ GS_EXPORT void *gs_cache_alloc(struct gs_cache *c)
     s->used++;
     GS_VG_ALLOC(p, c->size, 0);
     s->wait_cookie = 0;
-    pthread_mutex_unlock(&c->lock);
+    pthread_mutex_unlock(&c->lock.mutex);
     return p;
 }
 
@@ -158,10 +160,10 @@ GS_EXPORT void gs_cache_free(struct gs_cache *c, void *p)
         return;
     uint32_t idx;
     struct gs_slab *s = cache_slab_of(c, p, &idx, "gs_cache_free");
-    pthread_mutex_lock(&c->lock);
+    pthread_mutex_lock(&c->lock.mutex);
     uint16_t v = gsi_link_load(s, idx);
     if (v != GS_LINK_ALLOCATED) {
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(&c->lock.mutex);
         gsi_bad_free("gs_cache_free", p, v);
     }
     gsi_slab_push(s, idx, p);
@@ -170,7 +172,7 @@ GS_EXPORT void gs_cache_free(struct gs_cache *c, void *p)
         GS_VG_TYPESAFE(p, c->size);
     if (--s->used == 0 && s != c->current)
         retire_empty_locked(c);
-    pthread_mutex_unlock(&c->lock);
+    pthread_mutex_unlock(&c->lock.mutex);
 }
 
 GS_EXPORT void gs_cache_free_rcu(struct gs_cache *c, void *p)
@@ -191,7 +193,7 @@ GS_EXPORT void gs_cache_destroy(struct gs_cache *c)
     /* One full grace period after the caller's last free: every pending
        object's cookie is done, and TYPESAFE_BY_RCU readers are gone. */
     gsi_gp_wait(gsi_gp_cookie());
-    pthread_mutex_lock(&c->lock);
+    pthread_mutex_lock(&c->lock.mutex);
     for (struct gs_slab *s = c->slabs.first; s; s = s->next) {
         gsi_slab_collect(s);
         gsi_pending_reclaim_local(s);
@@ -208,7 +210,7 @@ GS_EXPORT void gs_cache_destroy(struct gs_cache *c)
         live += s->used;
     }
     if (live) {
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(&c->lock.mutex);
         char what[96] = "destroying cache with live objects: ";
         strncat(what, c->name, sizeof what - strlen(what) - 1);
         gsi_fatal_msg("gs_cache_destroy", what);
@@ -219,8 +221,11 @@ GS_EXPORT void gs_cache_destroy(struct gs_cache *c)
         gsi_slab_release(c->heap, s);
         gsi_slab_retire(s);
     }
-    pthread_mutex_unlock(&c->lock);
-    pthread_mutex_destroy(&c->lock);
+    pthread_mutex_unlock(&c->lock.mutex);
+    /* Unlisted without its lock held (fork's prepare takes the list's
+       lock first): a fork in between finds an empty cache. */
+    gsi_cache_lock_unregister(&c->lock);
+    pthread_mutex_destroy(&c->lock.mutex);
     gsi_heap_detached_put(c->heap);
     gs_free(c);
 }

@@ -764,28 +764,70 @@ static void rescue_unlisted_slabs(void)
     }
 }
 
+/* Every dedicated cache's lock. Order: cache_locks_lock, each cache's
+   lock, then the fork gate and the allocator's locks (atfork_prepare): a
+   thread holding a cache's lock may enter the gate (reclaiming) and take
+   the slab locks, and no gated operation takes a cache's lock. */
+static pthread_mutex_t cache_locks_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct gs_cache_lock *cache_locks;
+
+void gsi_cache_lock_register(struct gs_cache_lock *l)
+{
+    pthread_mutex_lock(&cache_locks_lock);
+    l->prev = NULL;
+    l->next = cache_locks;
+    if (cache_locks)
+        cache_locks->prev = l;
+    cache_locks = l;
+    pthread_mutex_unlock(&cache_locks_lock);
+}
+
+void gsi_cache_lock_unregister(struct gs_cache_lock *l)
+{
+    pthread_mutex_lock(&cache_locks_lock);
+    if (l->prev)
+        l->prev->next = l->next;
+    else
+        cache_locks = l->next;
+    if (l->next)
+        l->next->prev = l->prev;
+    pthread_mutex_unlock(&cache_locks_lock);
+}
+
 static void atfork_prepare(void)
 {
+    pthread_mutex_lock(&cache_locks_lock);
+    for (struct gs_cache_lock *l = cache_locks; l; l = l->next)
+        pthread_mutex_lock(&l->mutex);
     gsi_pending_fork_prepare();
     pthread_mutex_lock(&heap_lock);
     for (unsigned c = 0; c < GS_NCLASSES; c++)
         pthread_mutex_lock(&orphans[c].lock);
     gsi_segments_lock();
     gsi_large_atfork_prepare();
+    gsi_vg_atfork_prepare();
 }
 
 static void atfork_parent(void)
 {
+    gsi_vg_atfork_parent();
     gsi_large_atfork_parent();
     gsi_segments_unlock();
     for (unsigned c = 0; c < GS_NCLASSES; c++)
         pthread_mutex_unlock(&orphans[c].lock);
     pthread_mutex_unlock(&heap_lock);
     gsi_pending_fork_done();
+    for (struct gs_cache_lock *l = cache_locks; l; l = l->next)
+        pthread_mutex_unlock(&l->mutex);
+    pthread_mutex_unlock(&cache_locks_lock);
 }
 
 static void atfork_child(void)
 {
+    for (struct gs_cache_lock *l = cache_locks; l; l = l->next)
+        pthread_mutex_init(&l->mutex, NULL);
+    pthread_mutex_init(&cache_locks_lock, NULL);
+    gsi_vg_atfork_child();
     gsi_large_atfork_child();
     gsi_segments_atfork_child();
     for (unsigned c = 0; c < GS_NCLASSES; c++)

@@ -21,7 +21,8 @@
  *   - Locks: segment_lock (segment.c) protects segments and their slot maps;
  *     each class's orphan_lock protects the orphan list; large_lock (large.c)
  *     the large-block cache; heap_lock (heap.c) the heap table and pool.
- *     Lock order: heap_lock -> orphan_lock[c] -> segment_lock -> large_lock.
+ *     Lock order: heap_lock -> orphan_lock[c] -> segment_lock -> large_lock
+ *     (-> vg_sizes.c's table lock, under Valgrind only: a leaf).
  *     No lock is held across a call into rcu/ that may block.
  */
 #ifndef GS_ALLOC_INTERNAL_H
@@ -580,6 +581,14 @@ struct gs_large *gsi_large_of(const void *p);
 size_t gsi_large_cached_bytes(void);
 /* Unmaps cached blocks older than a second, or all (force); returns bytes. */
 size_t gsi_large_trim(bool force);
+/* A dedicated cache's lock (cache.c), on the list of locks fork takes
+   (heap.c), so a fork never catches a cache's work half done. */
+struct gs_cache_lock {
+    pthread_mutex_t mutex;
+    struct gs_cache_lock *next, *prev; /* heap.c's list */
+};
+void gsi_cache_lock_register(struct gs_cache_lock *l);
+void gsi_cache_lock_unregister(struct gs_cache_lock *l);
 void gsi_large_atfork_prepare(void);
 void gsi_large_atfork_parent(void);
 void gsi_large_atfork_child(void);

@@ -220,9 +220,10 @@ void *gsi_large_alloc(size_t size, size_t align, bool zero)
     b->magic = GS_LARGE_MAGIC;
     atomic_fetch_add_explicit(&gsi_large_live_bytes, b->usable, memory_order_relaxed);
     gsi_fastmap_large(NULL, b->user);
+    /* Announced first: to memcheck a cached block is freed memory. */
+    GS_VG_ALLOC(b->user, size, fresh);
     if (zero && !fresh)
         memset(b->user, 0, size);
-    GS_VG_ALLOC(b->user, size, fresh);
     GS_VG_NOACCESS((char *)b->user + size, b->usable - size);
     return b->user;
 fail:

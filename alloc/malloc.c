@@ -136,14 +136,18 @@ GS_EXPORT size_t gs_usable_size(const void *p)
     if (!p)
         return 0;
     unsigned kind = gsi_map_kind((uintptr_t)p);
+    size_t usable;
     if (kind == GS_MAP_SMALL) {
         uint32_t idx;
-        struct gs_slab *s = gsi_small_block(p, &idx, "malloc_usable_size");
-        return s->obj_size;
+        usable = gsi_small_block(p, &idx, "malloc_usable_size")->obj_size;
+    } else if (kind >= GS_MAP_LARGE) {
+        usable = large_block(p, "malloc_usable_size")->usable;
+    } else {
+        gsi_fatal("malloc_usable_size", "invalid pointer (not allocated by graceslab)", p);
     }
-    if (kind >= GS_MAP_LARGE)
-        return large_block(p, "malloc_usable_size")->usable;
-    gsi_fatal("malloc_usable_size", "invalid pointer (not allocated by graceslab)", p);
+    /* The program may use all of it now; memcheck must know. */
+    GS_VG_RESIZE(p, usable);
+    return usable;
 }
 
 GS_EXPORT void *gs_calloc(size_t n, size_t size)
@@ -235,10 +239,10 @@ GS_EXPORT void *gs_realloc(void *p, size_t size)
             gsi_bad_free("realloc", p, v);
         usable = s->obj_size;
         /* Stay in place when it fits and does not waste more than half. */
-        /* Under Valgrind a realloc always moves, so memcheck's idea of the
-           block size stays exact. */
-        if (size <= usable && (size >= usable / 2 || usable <= 64) && !gsi_valgrind)
+        if (size <= usable && (size >= usable / 2 || usable <= 64)) {
+            GS_VG_RESIZE(p, size);
             return p;
+        }
     } else if (kind >= GS_MAP_LARGE) {
         struct gs_large *b = large_block(p, "realloc");
         if (b->magic != GS_LARGE_MAGIC)
@@ -246,8 +250,12 @@ GS_EXPORT void *gs_realloc(void *p, size_t size)
         if (atomic_load_explicit(&b->state, memory_order_relaxed) != GS_LARGE_LIVE)
             gsi_bad_free("realloc", p, GS_LINK_PENDING);
         usable = b->usable;
-        if (size <= usable && size >= usable / 2 && !gsi_valgrind)
+        if (size <= usable && size >= usable / 2) {
+            GS_VG_RESIZE(p, size);
             return p;
+        }
+        /* (Under Valgrind a mremap would move the block behind memcheck's
+           back: the copy below tells it.) */
         if (!gsi_valgrind && size > GS_SMALL_MAX) {
             int saved = errno;
             void *q = gsi_large_realloc(b, size);

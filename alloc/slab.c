@@ -262,7 +262,9 @@ void gsi_slab_free_remote(struct gs_heap *h, struct gs_slab *s, uint32_t idx, co
         gsi_remote_flush(h);
     const void *p = s->start + (size_t)idx * s->obj_size;
     uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
-    if (h && GS_X_OWNER(x) != 0 && GS_X_OWNER(x) != h->id) {
+    /* Not into a dedicated cache's slab: gs_cache_destroy() must see every
+       free made before it, and it cannot flush other threads' batches. */
+    if (h && GS_X_OWNER(x) != 0 && GS_X_OWNER(x) != h->id && !s->cache) {
         free_remote_batched(h, s, idx, call);
         return;
     }

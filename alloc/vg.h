@@ -29,15 +29,26 @@ static inline bool gs_vg_memcheck(void)
     return RUNNING_ON_VALGRIND && VALGRIND_GET_VBITS(&probe, &vbits, 1) == 1;
 }
 #define GS_VG_RUNNING() (gs_vg_memcheck())
+/* vg_sizes.c: the client requests plus the size memcheck knows. */
+void gsi_vg_alloc(void *p, size_t size, bool zeroed);
+void gsi_vg_free(void *p);
+void gsi_vg_resize(const void *p, size_t size);
 #define GS_VG_ALLOC(p, n, zeroed)                                              \
     do {                                                                       \
         if (gsi_valgrind && (p))                                               \
-            VALGRIND_MALLOCLIKE_BLOCK((p), (n), 0, (zeroed));                  \
+            gsi_vg_alloc((p), (n), (zeroed));                                  \
     } while (0)
 #define GS_VG_FREE(p)                                                          \
     do {                                                                       \
         if (gsi_valgrind)                                                      \
-            VALGRIND_FREELIKE_BLOCK((p), 0);                                   \
+            gsi_vg_free(p);                                                    \
+    } while (0)
+/* The program may now use p's first n bytes (malloc_usable_size told it
+   so, or realloc kept the block in place). */
+#define GS_VG_RESIZE(p, n)                                                     \
+    do {                                                                       \
+        if (gsi_valgrind)                                                      \
+            gsi_vg_resize((p), (n));                                           \
     } while (0)
 #define GS_VG_NOACCESS(p, n)                                                   \
     do {                                                                       \
@@ -75,11 +86,16 @@ static inline bool gs_vg_memcheck(void)
 #define GS_VG_RUNNING() false
 #define GS_VG_ALLOC(p, n, zeroed) ((void)(p), (void)(n), (void)(zeroed))
 #define GS_VG_FREE(p) ((void)(p))
+#define GS_VG_RESIZE(p, n) ((void)(p), (void)(n))
 #define GS_VG_NOACCESS(p, n) ((void)(p), (void)(n))
 #define GS_VG_ADDRESSABLE(p, n) ((void)(p), (void)(n))
 #define GS_VG_TYPESAFE(p, n) ((void)(p), (void)(n))
 #define GS_VG_QUIET_BEGIN() ((void)0)
 #define GS_VG_QUIET_END() ((void)0)
 #endif
+/* vg_sizes.c's lock around fork (no-ops without Valgrind support). */
+void gsi_vg_atfork_prepare(void);
+void gsi_vg_atfork_parent(void);
+void gsi_vg_atfork_child(void);
 
 #endif /* GS_VG_H */

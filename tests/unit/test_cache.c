@@ -11,9 +11,12 @@
 
 #include <criterion/criterion.h>
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- basics */
 
@@ -334,6 +337,120 @@ Test(destroy, waits_for_pending_objects, .timeout = 60)
     gs_stats_get(&st);
     cr_assert_eq(st.pending_objects, 0, "%zu objects pending after destroy",
                  st.pending_objects);
+}
+
+/* A plain free() of a cache object, as graceslab.h allows, from a thread
+   other than the one that destroys the cache and still alive then. Such a
+   free used to wait in the freeing thread's batch of remote frees, where
+   destroy could not see it: it aborted "destroying cache with live
+   objects" (every run), and a later flush would have pushed onto a
+   retired slab. */
+static struct gs_cache *pf_cache;
+static void *pf_obj[1000];
+static _Atomic int pf_state;
+static void *plain_free_and_wait(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 1000; i++)
+        free(pf_obj[i]);
+    atomic_store(&pf_state, 1);
+    while (atomic_load(&pf_state) != 2)
+        gst_sleep_ms(1);
+    return NULL;
+}
+
+Test(destroy, after_plain_frees_from_a_live_thread, .timeout = 60)
+{
+    pf_cache = gs_cache_create("plain-free", 40, 0, 0);
+    cr_assert_not_null(pf_cache);
+    for (int i = 0; i < 1000; i++)
+        cr_assert_not_null(pf_obj[i] = gs_cache_alloc(pf_cache));
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, plain_free_and_wait, NULL), 0);
+    while (atomic_load(&pf_state) != 1)
+        gst_sleep_ms(1);
+    gs_cache_destroy(pf_cache); /* aborts the test on a false "live objects" */
+    atomic_store(&pf_state, 2);
+    pthread_join(t, NULL);
+    /* The same from the destroying thread itself. */
+    struct gs_cache *c = gs_cache_create("plain-free-self", 40, 0, 0);
+    cr_assert_not_null(c);
+    free(gs_cache_alloc(c));
+    gs_cache_destroy(c);
+}
+
+/* ------------------------------------------------------------------ fork */
+
+/* Fork while other threads work on a cache: fork's prepare must take the
+   cache's lock, or a child can inherit it held (and the cache's slab list
+   half updated). The children used to hang in their first cache call
+   (30 of 100 with two threads). Each child allocates and frees in the
+   cache, and makes a thread that does too; SIGALRM ends a hung one. */
+static struct gs_cache *fk_cache;
+static _Atomic int fk_stop;
+static void *fk_churn(void *arg)
+{
+    (void)arg;
+    void *p[64];
+    while (!atomic_load(&fk_stop)) {
+        for (int i = 0; i < 64; i++)
+            p[i] = gs_cache_alloc(fk_cache);
+        for (int i = 0; i < 64; i++)
+            gs_cache_free(fk_cache, p[i]);
+    }
+    return NULL;
+}
+
+static void *fk_child_thread(void *arg)
+{
+    (void)arg;
+    void *p = gs_cache_alloc(fk_cache);
+    if (p)
+        gs_cache_free(fk_cache, p);
+    return p;
+}
+
+Test(fork, while_threads_use_a_cache, .timeout = 120)
+{
+    fk_cache = gs_cache_create("forked", 48, 0, 0);
+    cr_assert_not_null(fk_cache);
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, fk_churn, NULL), 0);
+    int bad = 0, first_status = 0;
+    for (int round = 0; round < 50; round++) {
+        gst_sleep_ms(2);
+        fflush(NULL);
+        pid_t pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+            alarm(5);
+            void *p = gs_cache_alloc(fk_cache);
+            if (!p)
+                _exit(2);
+            gs_cache_free(fk_cache, p);
+            pthread_t ct;
+            void *got = NULL;
+            if (pthread_create(&ct, NULL, fk_child_thread, NULL) != 0 ||
+                pthread_join(ct, &got) != 0 || !got)
+                _exit(3);
+            _exit(0);
+        }
+        int status;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+            ;
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            if (!bad++)
+                first_status = status;
+        }
+    }
+    atomic_store(&fk_stop, 1);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    cr_assert_eq(bad, 0, "%d of 50 children failed (first: %s %d)", bad,
+                 WIFSIGNALED(first_status) ? "signal" : "exit",
+                 WIFSIGNALED(first_status) ? WTERMSIG(first_status) : WEXITSTATUS(first_status));
+    gs_cache_destroy(fk_cache);
 }
 
 /* ------------------------------------------------------ inside a reader */
