@@ -175,10 +175,17 @@ void *gsi_large_alloc(size_t size, size_t align, bool zero)
     if (size == 0)
         size = 1; /* a unique block, inside its own mapping */
     size_t off = object_offset(align);
-    if (size > PTRDIFF_MAX - off - GS_PAGE)
+    /* (off first: with an alignment of 2^63 the difference wrapped.) */
+    if (off > PTRDIFF_MAX - GS_PAGE || size > PTRDIFF_MAX - off - GS_PAGE)
         goto fail;
     size_t len = (off + size + GS_PAGE - 1) & ~(size_t)(GS_PAGE - 1);
     size_t region_align = align > GS_SEGMENT_SIZE ? align : GS_SEGMENT_SIZE;
+    /* No mapping, cached block or reclaim can make a request fit that
+       exceeds the user address space (2^47 bytes unless mmap is given a
+       hint above it, which graceslab never does): fail at once, without
+       waiting for a grace period or dropping a cached block. */
+    if (len >= GS_ADDRESS_SPACE || region_align >= GS_ADDRESS_SPACE - len)
+        goto fail;
     gsi_pending_large_refill();
     struct gs_large *b = cache_take(len, region_align);
     bool keep_slack = b && b->map_len > len && b->map_len - len > len / 4 &&
@@ -198,11 +205,7 @@ void *gsi_large_alloc(size_t size, size_t align, bool zero)
     if (fresh) {
         cache_trim(false);
         b = gsi_os_map_aligned(len, region_align);
-        /* Reclaiming may wait for a grace period: not for a request no
-           reclaim can make fit (the user address space is 2^47 bytes
-           unless mmap is given a hint above it, which graceslab never
-           does). */
-        if (!b && len + region_align < GS_ADDRESS_SPACE && gsi_oom_reclaim())
+        if (!b && gsi_oom_reclaim())
             b = gsi_os_map_aligned(len, region_align);
         if (!b)
             goto fail;

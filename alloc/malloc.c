@@ -323,8 +323,9 @@ GS_EXPORT int posix_memalign(void **out, size_t alignment, size_t size)
 
 GS_EXPORT void *memalign(size_t alignment, size_t size)
 {
-    /* glibc: a non-power-of-two alignment is rounded up to one. */
-    if (alignment > ((size_t)1 << 62)) {
+    /* glibc: a non-power-of-two alignment is rounded up to one; above
+       2^63 there is none (EINVAL). */
+    if (alignment > ((size_t)1 << 63)) {
         errno = EINVAL;
         return NULL;
     }

@@ -36,7 +36,11 @@ void *gsi_os_map_aligned(size_t size, size_t align)
     size_t reserve = size + align - GS_PAGE;
     if (reserve < size)
         return NULL;
-    char *raw = mmap(NULL, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    /* Not MAP_NORESERVE: with the kernel's default overcommit heuristic
+       that flag skips its check, and a request larger than RAM and swap
+       together succeeded (glibc's malloc fails it with ENOMEM); the
+       program then died touching it. */
+    char *raw = mmap(NULL, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) {
         errno = saved;
         return NULL;

@@ -520,12 +520,48 @@ Test(large, failed_shrink_keeps_the_size_accepted)
    thread) holds open. */
 Test(large, impossible_request_fails_without_waiting, .timeout = 60)
 {
+    /* A cached block, which a reclaim would also have given back. */
+    free(malloc(8 << 20));
+    size_t cached = gsi_large_cached_bytes();
+    cr_assert_geq(cached, (size_t)8 << 20);
     struct gst_held_reader r;
     cr_assert(gst_reader_hold(&r));
+    /* Alignments of 2^62 and 2^63 once wrapped the size checks, reclaimed
+       (waiting for this reader: a hang) and emptied the cache. */
+    const size_t a62 = (size_t)1 << 62, a63 = (size_t)1 << 63;
+    void *got[8];
+    int err[8], rc_pm;
+    void *pm = &rc_pm; /* posix_memalign must leave it untouched */
     errno = 0;
-    void *p = malloc((size_t)1 << 48);
-    int e = errno;
+    got[0] = malloc((size_t)1 << 48);
+    err[0] = errno;
+    errno = 0;
+    got[1] = aligned_alloc(a63, 64);
+    err[1] = errno;
+    errno = 0;
+    got[2] = aligned_alloc(a62, 1);
+    err[2] = errno;
+    errno = 0;
+    got[3] = memalign(a63, 64);
+    err[3] = errno;
+    errno = 0;
+    got[4] = memalign(a62 + 1, 64); /* rounded up to 2^63 */
+    err[4] = errno;
+    errno = 0;
+    got[5] = memalign(a63 + 1, 64); /* no power of two that large: EINVAL */
+    err[5] = errno;
+    errno = 0;
+    rc_pm = posix_memalign(&pm, a63, 64);
+    got[6] = pm == &rc_pm ? NULL : pm;
+    err[6] = rc_pm;
+    errno = 0;
+    got[7] = valloc((size_t)1 << 50);
+    err[7] = errno;
     gst_reader_release(&r);
-    cr_assert_null(p);
-    cr_assert_eq(e, ENOMEM);
+    static const int want[8] = {ENOMEM, ENOMEM, ENOMEM, ENOMEM, ENOMEM, EINVAL, ENOMEM, ENOMEM};
+    for (int i = 0; i < 8; i++) {
+        cr_assert_null(got[i], "case %d returned %p", i, got[i]);
+        cr_assert_eq(err[i], want[i], "case %d: error %d, expected %d", i, err[i], want[i]);
+    }
+    cr_assert_eq(gsi_large_cached_bytes(), cached, "a failed request emptied the cache");
 }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 /* The point of several tests is to pass impossible sizes and to look at a
@@ -238,6 +239,43 @@ Test(malloc, failed_realloc_leaves_block_intact)
         cr_assert_eq(gst_check(p, size, size), size, "size %zu: contents changed", size);
         free(p);
     }
+}
+
+/* With the kernel's default overcommit heuristic (vm.overcommit_memory
+   0), a mapping larger than RAM and swap together is refused, and glibc's
+   malloc returns NULL with ENOMEM: a program may try a big buffer and fall
+   back. graceslab mapped with MAP_NORESERVE, which skips that check: the
+   request succeeded and the program was killed when it touched it. */
+Test(malloc, request_beyond_ram_and_swap_fails)
+{
+    FILE *f = fopen("/proc/sys/vm/overcommit_memory", "r");
+    int mode = -1;
+    if (f) {
+        if (fscanf(f, "%d", &mode) != 1)
+            mode = -1;
+        fclose(f);
+    }
+    if (mode == 1)
+        cr_skip_test("vm.overcommit_memory is 1: the kernel grants any mapping");
+    cr_assert(mode == 0 || mode == 2, "cannot read vm.overcommit_memory");
+    struct sysinfo si;
+    cr_assert_eq(sysinfo(&si), 0);
+    size_t total = ((size_t)si.totalram + (size_t)si.totalswap) * si.mem_unit;
+    size_t big = 2 * total;
+    errno = 0;
+    void *p = malloc(big);
+    cr_assert_null(p, "malloc(%zu) (twice RAM + swap) succeeded", big);
+    cr_assert_eq(errno, ENOMEM);
+    errno = 0;
+    cr_assert_null(calloc(2, total));
+    cr_assert_eq(errno, ENOMEM);
+    char *q = malloc(1 << 20);
+    gst_fill(q, 1 << 20, 5);
+    errno = 0;
+    cr_assert_null(realloc(q, big));
+    cr_assert_eq(errno, ENOMEM);
+    cr_assert_eq(gst_check(q, 1 << 20, 5), (size_t)1 << 20);
+    free(q);
 }
 
 Test(malloc, realloc_within_usable_does_not_move)

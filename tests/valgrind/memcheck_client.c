@@ -104,6 +104,41 @@ int main(int argc, char **argv)
         gs_cache_free(c, keep);
         gs_cache_destroy(c);
         free(p);
+    } else if (!strcmp(s, "usable_size")) {
+        /* A program may use a block up to malloc_usable_size(): after the
+           call those bytes are its own (small and large blocks). */
+        char *big = malloc(40000);
+        size_t n = malloc_usable_size(p), nb = malloc_usable_size(big);
+        memset(p, 1, n);
+        memset(big, 2, nb);
+        sink = p[n - 1];
+        sink = big[nb - 1];
+        free(big);
+        free(p);
+    } else if (!strcmp(s, "usable_size_overflow")) {
+        size_t n = malloc_usable_size(p);
+        sink = p[n]; /* memcheck: invalid read past the usable size */
+        free(p);
+    } else if (!strcmp(s, "realloc_in_place")) {
+        /* realloc within the block keeps it in place; memcheck then knows
+           the new size: growing gives bytes, shrinking takes them. */
+        char *q = realloc(p, 44);
+        if (q != p)
+            return 1;
+        q[43] = 1;
+        q = realloc(q, 30);
+        if (q != p)
+            return 1;
+        sink = q[35]; /* memcheck: invalid read past the shrunk block */
+        free(q);
+    } else if (!strcmp(s, "calloc_cached_large")) {
+        /* calloc reusing a freed large block (the large cache): zeroing
+           it is graceslab's write to the new block, not to freed memory. */
+        free(malloc(100000));
+        char *z = calloc(1, 100000);
+        sink = z[99999];
+        free(z);
+        free(p);
     } else if (!strcmp(s, "slot_reuse")) {
         /* A slab slot formatted for one class, emptied and retired, then
            formatted for a class with a longer link array: graceslab's own

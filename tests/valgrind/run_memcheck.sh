@@ -39,5 +39,10 @@ expect typesafe_read 0 ''
 expect cache_use_after_free 42 'Invalid read of size 1'
 # A retired slab slot reused by a class with a longer link array.
 VG_ENV=GRACESLAB_HEAP_EMPTY_KB=0 expect slot_reuse 0 ''
-if [ $fail -eq 0 ]; then echo "12 passed, 0 failed"; else echo "memcheck scenarios failed"; fi
+# malloc_usable_size and in-place realloc resize memcheck's block.
+expect usable_size 0 ''
+expect usable_size_overflow 42 'Invalid read of size 1'
+expect realloc_in_place 42 'Invalid read of size 1'
+expect calloc_cached_large 0 ''
+if [ $fail -eq 0 ]; then echo "16 passed, 0 failed"; else echo "memcheck scenarios failed"; fi
 exit $fail
