@@ -707,12 +707,12 @@ static struct gs_heap *heap_by_id(uint32_t id)
     return NULL;
 }
 
-/* Fork child: slabs that abandoning the lost threads' heaps cannot see,
-   because fork caught a lost thread between taking a slab and listing it.
-   - Owned by a lost heap (h->lost) but on none of its lists: fork came
-     between an adoption CAS and the list (the adopter waits for an orphan
-     lock that atfork_prepare holds). Left so, such a slab would stay owned
-     by a pooled heap's id (the next user of that heap struct would find its
+/* Fork child: the slabs of the lost threads' heaps, whose lists the child
+   forgets (atfork_child), and slabs fork caught between two owners.
+   - Owned by a lost heap (h->lost): every slab it listed, and any it had
+     on no list (fork came between an adoption CAS and the list, or between
+     taking a slab off a list and putting it back). Left so, such a slab
+     would stay owned by a pooled heap's id (the next user of that heap struct would find its
      own id on a slab it does not hold) and keyed by a thread pointer the
      child may hand to a new thread: it is released and listed as an orphan.
    - Ownerless, no orphan, nothing allocated: made by gsi_slab_new for a
@@ -756,6 +756,7 @@ static void rescue_unlisted_slabs(void)
         struct gs_heap *owner =
             heap_by_id(GS_X_OWNER(atomic_load_explicit(&s->xstate, memory_order_relaxed)));
         s->where = GS_IN_NONE;
+        s->prev = NULL;        /* a stale link of a list the child forgot */
         s->kept_empty = false; /* not counted in any heap's empty_bytes now */
         gsi_slab_collect(s);
         s->used = gsi_slab_recount(s); /* whatever charge it had */
@@ -834,11 +835,30 @@ static void atfork_child(void)
         pthread_mutex_init(&orphans[c].lock, NULL);
     pthread_mutex_init(&heap_lock, NULL);
     /* The other threads are gone: their heaps have no thread any more.
-       Abandon them so their free objects can be adopted. */
+       Abandon them so their free objects can be adopted.
+       Their lists are forgotten, not walked. A lost thread was running
+       while fork copied memory, and it vanished at its first store to a
+       page fork had already copied (that store faults and waits for the
+       fork to end): between any two stores of an owner-only update, e.g.
+       gsi_heap_list_remove() of a list's first slab after `l->first =
+       s->next` (heap page) but before `s->next->prev = NULL` (segment
+       header, copied earlier). abandon_slab() of that next slab then leaves
+       it first on the list (its stale prev makes the removal skip
+       l->first), and the loop below abandons it again: it is retired or
+       released twice (assertions `s->kind == GS_SLAB_SMALL` in
+       gsi_slab_retire, owner == h->id in gsi_slab_release). Only the owner
+       id in xstate, changed by CAS alone, says which slabs a lost heap
+       owns: rescue_unlisted_slabs() finds each of them by it, whatever
+       list it was on. (heap_abandon still flushes the heap's remote batch;
+       a slab that flush adopts goes on the emptied, consistent lists.) */
     struct gs_heap *me = gsi_tls_mine;
     for (struct gs_heap *h = heap_all; h; h = h->next_all)
         if (h->live && h != me) {
             h->lost = true;
+            heap_clear_active(h);
+            memset(h->partial, 0, sizeof h->partial);
+            memset(h->waiting, 0, sizeof h->waiting);
+            h->empty_bytes = 0;
             heap_abandon(h);
         }
     rescue_unlisted_slabs();

@@ -339,7 +339,7 @@ Test(destroy, waits_for_pending_objects, .timeout = 60)
                  st.pending_objects);
 }
 
-/* A plain free() of a cache object, as graceslab.h allows, from a thread
+/* A plain gs_free() of a cache object, as graceslab.h allows, from a thread
    other than the one that destroys the cache and still alive then. Such a
    free used to wait in the freeing thread's batch of remote frees, where
    destroy could not see it: it aborted "destroying cache with live
@@ -352,7 +352,7 @@ static void *plain_free_and_wait(void *arg)
 {
     (void)arg;
     for (int i = 0; i < 1000; i++)
-        free(pf_obj[i]);
+        gs_free(pf_obj[i]); /* free() itself in the preloaded and static builds */
     atomic_store(&pf_state, 1);
     while (atomic_load(&pf_state) != 2)
         gst_sleep_ms(1);
@@ -375,7 +375,7 @@ Test(destroy, after_plain_frees_from_a_live_thread, .timeout = 60)
     /* The same from the destroying thread itself. */
     struct gs_cache *c = gs_cache_create("plain-free-self", 40, 0, 0);
     cr_assert_not_null(c);
-    free(gs_cache_alloc(c));
+    gs_free(gs_cache_alloc(c));
     gs_cache_destroy(c);
 }
 

@@ -768,3 +768,97 @@ Test(heap, deferred_objects_wait_when_the_sequence_passes_2_40, .timeout = 60)
     cr_assert(gst_run_child(defer_across_2_40, NULL, &c));
     GST_ASSERT_CHILD_OK(&c, "defer across 2^40");
 }
+
+/* Fork while a thread stands between two stores of a list update: here
+   gsi_heap_list_remove() of the first slab B of a partial list [B, A] has
+   set the list's first to A, but not yet A's prev to NULL. A fork finds a
+   running thread in such a state whenever its next store goes to a page
+   fork has already copied (the store waits for the fork to end), e.g. the
+   segment header holding A, copied before the heap. The child must not walk
+   that list: abandoning A left A first on it (its stale prev made the
+   removal skip the list head), and A was abandoned a second time —
+   released twice (owner assertion in gsi_slab_release) or, empty, retired
+   twice (kind assertion in gsi_slab_retire). */
+#define TORN_MAX 8192
+static void *torn_blocks[TORN_MAX];
+static struct gs_slab *torn_a, *torn_b;
+
+static void *torn_list_remove(void *arg)
+{
+    bool a_empty = arg != NULL;
+    struct gs_heap *h = gsi_heap_get();
+    unsigned cls = gsi_size_class(64);
+    /* Fill two slabs (each released when full) and start a third. */
+    struct gs_slab *slabs[3] = {NULL, NULL, NULL};
+    int first[3] = {0, 0, 0}, n = 0, k = -1;
+    while (n < TORN_MAX) {
+        void *p = malloc(64);
+        struct gs_slab *s = gsi_slab_of(p);
+        if (k < 0 || s != slabs[k]) {
+            if (++k == 3) {
+                free(p);
+                break;
+            }
+            slabs[k] = s;
+            first[k] = n;
+        }
+        torn_blocks[n++] = p;
+    }
+    torn_a = slabs[0];
+    torn_b = slabs[1];
+    /* One free into each: adopted again and pushed, so partial = [B, A]. */
+    free(torn_blocks[first[0]]);
+    torn_blocks[first[0]] = NULL;
+    free(torn_blocks[first[1]]);
+    torn_blocks[first[1]] = NULL;
+    if (a_empty) /* A empty: kept at the tail, partial = [B, A] still */
+        for (int i = first[0]; i < first[1]; i++) {
+            free(torn_blocks[i]);
+            torn_blocks[i] = NULL;
+        }
+    struct gs_slab_list *l = &h->partial[cls];
+    bool ok = l->first == torn_b && torn_b->next == torn_a && torn_a->prev == torn_b &&
+              torn_a->next == NULL && torn_a->kept_empty == a_empty;
+    if (ok)
+        l->first = torn_b->next; /* gsi_heap_list_remove(l, B), first store only */
+    stop_here(ok);
+    if (ok) { /* the rest of the removal, then B back on the list */
+        torn_a->prev = NULL;
+        torn_b->next = torn_b->prev = NULL;
+        l->count--;
+        gsi_heap_list_push(l, torn_b);
+    }
+    for (int i = 0; i < n; i++)
+        free(torn_blocks[i]);
+    return NULL;
+}
+
+static void check_torn(void *arg)
+{
+    (void)arg;
+    /* Reaching here: atfork_child did not abort. */
+    struct gs_slab *s[2] = {torn_a, torn_b};
+    for (int i = 0; i < 2; i++) {
+        uint64_t x = atomic_load(&s[i]->xstate);
+        if (s[i]->kind == GS_SLAB_SMALL && GS_X_OWNER(x) != 0 &&
+            GS_X_OWNER(x) != gsi_tls_mine->id)
+            gst_child_fail("slab still owned by heap id %u", (unsigned)GS_X_OWNER(x));
+    }
+    /* The inherited blocks can be freed, and the memory reused. */
+    for (int i = 0; i < TORN_MAX; i++)
+        if (torn_blocks[i])
+            free(torn_blocks[i]);
+    child_allocates(64, 300);
+}
+
+Test(heap, fork_with_list_update_half_done)
+{
+    free(malloc(64));
+    fork_while_stopped(torn_list_remove, NULL, check_torn, NULL);
+}
+
+Test(heap, fork_with_list_update_half_done_empty_slab)
+{
+    free(malloc(64));
+    fork_while_stopped(torn_list_remove, (void *)1, check_torn, NULL);
+}
