@@ -738,6 +738,29 @@ static void collect_unlisted(struct gs_slab *s, void *arg)
     }
 }
 
+/* Fork child: repairs what fork caught half done in a lost owner's slab.
+   The child sees each lost thread's stores up to some point (a thread
+   stops at its first store to a page fork already copied), so only these
+   splits of the owner's own updates remain:
+   - gsi_slab_set_head: free_head written, free_ptr not yet;
+   - gsi_slab_extend: the new objects linked and made the list head, bump
+     not yet advanced. They were never handed out, but counted against the
+     old bump the slab looked emptier than it is (a recount of 0 with live
+     objects), and the next extend would have linked them a second time
+     (two owners for one object).
+   Other splits only lose objects for the child (never reused), never hand
+   one out twice. */
+static void repair_torn_slab(struct gs_slab *s)
+{
+    gsi_slab_set_head(s, s->free_head);
+    uint32_t n = 0;
+    for (uint32_t i = (uint32_t)s->free_head; i != GS_LINK_END && n < s->capacity; n++) {
+        if (i >= s->bump)
+            s->bump = i + 1;
+        i = gsi_link_load(s, i) & GS_LINK_INDEX;
+    }
+}
+
 static void rescue_unlisted_slabs(void)
 {
     struct unlisted u = {NULL, NULL};
@@ -758,6 +781,7 @@ static void rescue_unlisted_slabs(void)
         s->where = GS_IN_NONE;
         s->prev = NULL;        /* a stale link of a list the child forgot */
         s->kept_empty = false; /* not counted in any heap's empty_bytes now */
+        repair_torn_slab(s); /* every slab here is a lost heap's */
         gsi_slab_collect(s);
         s->used = gsi_slab_recount(s); /* whatever charge it had */
         gsi_slab_release(owner, s);    /* no other thread: the chain is empty */

@@ -862,3 +862,76 @@ Test(heap, fork_with_list_update_half_done_empty_slab)
     free(malloc(64));
     fork_while_stopped(torn_list_remove, (void *)1, check_torn, NULL);
 }
+
+/* Fork while a thread stands inside gsi_slab_extend() of its active slab:
+   the new objects are linked and made the list head, bump is not yet
+   advanced. Counted against the old bump the slab looked emptier than it
+   was, and the child's next extend linked those objects a second time:
+   two owners for one object. The child must repair bump; then its blocks
+   are distinct and the inherited ones keep their contents. */
+#define TE_SIZE 176
+#define TE_LIVE 8
+static void *te_live[TE_LIVE];
+
+static void *torn_extend(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < TE_LIVE; i++) {
+        te_live[i] = malloc(TE_SIZE);
+        gst_fill(te_live[i], TE_SIZE, (uintptr_t)i + 1);
+    }
+    struct gs_slab *s = gsi_slab_of(te_live[0]);
+    bool ok = gsi_tls_heap->direct[(TE_SIZE + 15) >> 4] == s && s->capacity - s->bump >= 2;
+    for (int i = 1; i < TE_LIVE; i++)
+        ok = ok && gsi_slab_of(te_live[i]) == s;
+    uint32_t n = 0;
+    if (ok) { /* gsi_slab_extend(s, 64) up to, not including, bump += n */
+        n = s->capacity - s->bump < 64 ? s->capacity - s->bump : 64;
+        uint32_t first = s->bump, last = first + n - 1;
+        for (uint32_t i = first; i < last; i++)
+            gsi_link_store(s, i, (uint16_t)(i + 1));
+        gsi_link_store(s, last, (uint16_t)s->free_head);
+        gsi_slab_set_head(s, first);
+    }
+    stop_here(ok);
+    if (ok)
+        s->bump += n;
+    for (int i = 0; i < TE_LIVE; i++)
+        free(te_live[i]);
+    return NULL;
+}
+
+static int cmp_ptr(const void *a, const void *b)
+{
+    uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void check_torn_extend(void *arg)
+{
+    (void)arg;
+    enum { N = 3000 };
+    static void *got[N + TE_LIVE];
+    for (int i = 0; i < N; i++) {
+        if (!(got[i] = malloc(TE_SIZE)))
+            gst_child_fail("malloc failed");
+        memset(got[i], 0xEE, TE_SIZE);
+    }
+    for (int i = 0; i < TE_LIVE; i++) {
+        got[N + i] = te_live[i];
+        if (gst_check(te_live[i], TE_SIZE, (uintptr_t)i + 1) != TE_SIZE)
+            gst_child_fail("inherited block %d overwritten", i);
+    }
+    qsort(got, N + TE_LIVE, sizeof got[0], cmp_ptr);
+    for (int i = 1; i < N + TE_LIVE; i++)
+        if (got[i] == got[i - 1])
+            gst_child_fail("block %p handed out twice (or an inherited live one)", got[i]);
+    for (int i = 0; i < N + TE_LIVE; i++)
+        free(got[i]);
+}
+
+Test(heap, fork_with_slab_extend_half_done)
+{
+    free(malloc(64));
+    fork_while_stopped(torn_extend, NULL, check_torn_extend, NULL);
+}
