@@ -101,9 +101,29 @@ GS_EXPORT struct gs_cache *gs_cache_create(const char *name, size_t size, size_t
     return c;
 }
 
+/* Bytes of the cache's objects pending a grace period, and the newest
+   cookie they wait for. c->lock held. */
+static size_t pending_bytes_locked(struct gs_cache *c, uint64_t *cookie)
+{
+    size_t n = 0;
+    *cookie = 0;
+    for (struct gs_slab *s = c->slabs.first; s; s = s->next) {
+        if (!gsi_slab_has_pending(s))
+            continue;
+        for (unsigned k = 0; k < GS_PENDING_CHAINS; k++)
+            n += GS_P_COUNT(atomic_load_explicit(&s->pending[k], memory_order_relaxed));
+        uint64_t ck = gsi_slab_pending_cookie(s);
+        if (ck > *cookie)
+            *cookie = ck;
+    }
+    return n * gsi_classes[c->cls].size;
+}
+
 GS_EXPORT void *gs_cache_alloc(struct gs_cache *c)
 {
+    bool waited = false;
     pthread_mutex_lock(&c->lock.mutex);
+retry:;
     struct gs_slab *s = c->current;
     if (!s || !slab_ready_locked(s)) {
         s = NULL;
@@ -112,6 +132,28 @@ GS_EXPORT void *gs_cache_alloc(struct gs_cache *c)
                 s = t;
                 break;
             }
+        if (!s && !waited) {
+            /* Before mapping: deferred frees of this cache (the cache path
+               is no allocator slow path, so nothing else drives their grace
+               periods). Nudge the engine; past the expedite bound, wait
+               for their grace period (never with c->lock held, never
+               inside a read-side critical section), as heap refill does. */
+            if (atomic_load_explicit(&gsi_pending_unarmed, memory_order_relaxed))
+                gsi_pending_kick();
+            uint64_t cookie;
+            size_t bytes = pending_bytes_locked(c, &cookie);
+            if (bytes) {
+                waited = true;
+                if (bytes >= gsi_pending_expedite_bytes() && !gsi_rcu_in_reader()) {
+                    pthread_mutex_unlock(&c->lock.mutex);
+                    gsi_gp_wait(cookie);
+                    pthread_mutex_lock(&c->lock.mutex);
+                } else {
+                    gsi_gp_advance();
+                }
+                goto retry;
+            }
+        }
         if (!s) {
             retire_empty_locked(c);
             s = gsi_slab_new(c->cls);

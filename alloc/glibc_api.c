@@ -11,6 +11,13 @@
 #include <limits.h>
 #include <malloc.h>
 
+/* From the static archive this object must bring the allocator it
+   describes: a program that calls malloc_trim or mallinfo2 but never
+   malloc itself (C++ that allocates with new only: libstdc++ calls malloc)
+   would otherwise link graceslab's malloc_trim and mallinfo2 over glibc's
+   malloc, and trim and describe an allocator that holds nothing. */
+__attribute__((used)) static void *(*const pull_malloc_o)(size_t) = gs_malloc;
+
 /* Gives back what graceslab keeps for reuse: the calling thread's empty
    slabs (other threads' stay theirs: only an owner touches its lists), the
    committed empty slabs of every segment, and the large-block cache.

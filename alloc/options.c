@@ -22,6 +22,7 @@
 
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/auxv.h>
 
 struct option_def {
     const char *env;
@@ -66,12 +67,22 @@ static bool parse_long(const char *s, long *out)
     return true;
 }
 
+/* Values are scaled by their users (MiB << 20, KiB << 10, ms * 10^6):
+   cap them so that no product wraps (2^44 MiB would be a 0-byte limit). */
+#define OPTION_MAX ((long)1 << 40)
+
 static void options_parse(void)
 {
+    /* A set-user-ID or set-group-ID program (AT_SECURE) takes no options
+       from its unprivileged caller: fault injection and the statistics
+       summary stay off there, as glibc ignores its malloc tunables. */
+    bool secure = getauxval(AT_SECURE) != 0;
     for (int i = 0; i < GSI_OPT_COUNT; i++) {
         long v;
-        if (!parse_long(getenv(option_defs[i].env), &v))
+        if (secure || !parse_long(getenv(option_defs[i].env), &v))
             v = option_defs[i].dflt;
+        if (v > OPTION_MAX)
+            v = OPTION_MAX;
         __atomic_store_n(&option_values[i], v, __ATOMIC_RELAXED);
     }
     /* Pairs with the acquire load in gsi_option(). */

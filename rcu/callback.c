@@ -207,13 +207,17 @@ static void ensure_thread(bool fatal)
     /* Acquire: pairs with the release store below (the thread exists). */
     if (GS_LIKELY(atomic_load_explicit(&cb_thread_state, memory_order_acquire) == THREAD_RUNNING))
         return;
+    /* Before the state leaves THREAD_NONE: init registers the fork
+       handlers, and a fork between the CAS below and that registration
+       left the child with THREAD_STARTING and no handler to reset it (no
+       lazy thread ever again: callbacks never ran, gs_rcu_barrier hung). */
+    gsi_rcu_init();
     int expected = THREAD_NONE;
     /* Relaxed CAS: elects one creator; the others return (the queue keeps
        their callbacks, and the new thread checks it first). */
     if (!atomic_compare_exchange_strong_explicit(&cb_thread_state, &expected, THREAD_STARTING,
                                                  memory_order_relaxed, memory_order_relaxed))
         return;
-    gsi_rcu_init();
     /* The thread must not take the process's signals. */
     sigset_t all, old;
     sigfillset(&all);

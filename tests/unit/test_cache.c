@@ -379,6 +379,31 @@ Test(destroy, after_plain_frees_from_a_live_thread, .timeout = 60)
     gs_cache_destroy(c);
 }
 
+/* A program that uses only a cache and gs_cache_free_rcu: nothing else
+   drives grace periods (no malloc slow path runs), so the cache's own
+   refill must, or pending objects pile up without bound. It used to map a
+   new slab for every batch: 2,000,000 objects (128 MB) pending at the end,
+   no grace period completed. */
+Test(cache, free_rcu_alone_stays_bounded, .timeout = 120)
+{
+    struct gs_cache *c = gs_cache_create("rcu-only", 64, 0, 0);
+    cr_assert_not_null(c);
+    size_t most = 0;
+    for (int i = 0; i < 2000000; i++) {
+        void *p = gs_cache_alloc(c);
+        cr_assert_not_null(p);
+        gs_cache_free_rcu(c, p);
+        if (i % 20000 == 0) {
+            struct gs_stats st;
+            gs_stats_get(&st);
+            if (st.pending_objects > most)
+                most = st.pending_objects;
+        }
+    }
+    cr_assert_lt(most, 200000, "%zu objects pending at most (12.8 MB of 64 B)", most);
+    gs_cache_destroy(c);
+}
+
 /* ------------------------------------------------------------------ fork */
 
 /* Fork while other threads work on a cache: fork's prepare must take the

@@ -369,6 +369,13 @@ __attribute__((constructor)) static void child_mode(void)
     const char *m = getenv("GS_OOM_CHILD");
     if (!m)
         return;
+    if (!strcmp(m, "huge_limit")) {
+        /* GRACESLAB_OS_FAIL_AFTER_MB=2^44: scaled to bytes it wrapped to
+           a 0-byte limit, and every allocation failed. */
+        void *a = malloc(SMALL), *b = malloc(LARGE);
+        GST_CHILD_CHECK(a && b, "allocation failed under a 2^44 MiB limit");
+        _exit(0);
+    }
     if (!strcmp(m, "aligned_first")) {
         aligned_first_scenario();
         _exit(0);
@@ -438,4 +445,15 @@ Test(oom, threads_at_once, .timeout = 60)
 Test(fresh_process, aligned_alloc_first_uses_slabs, .timeout = 60)
 {
     run_mode("aligned_first");
+}
+
+/* An option value too large to scale (here 2^44 MiB) means "very large",
+   not whatever its scaled bytes wrapped to. */
+Test(oom, huge_limit_is_no_limit, .timeout = 60)
+{
+    struct gst_exec_args a = {"GS_OOM_CHILD", "huge_limit",
+                              {"GRACESLAB_OS_FAIL_AFTER_MB=17592186044416", NULL}};
+    struct gst_child c;
+    cr_assert(gst_run_child(gst_exec_self, &a, &c));
+    GST_ASSERT_CHILD_OK(&c, "huge_limit");
 }
