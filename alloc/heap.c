@@ -714,8 +714,8 @@ static struct gs_heap *heap_by_id(uint32_t id)
      taking a slab off a list and putting it back). Left so, such a slab
      would stay owned by a pooled heap's id (the next user of that heap
      struct would find its own id on a slab it does not hold) and keyed by
-     a thread pointer the
-     child may hand to a new thread: it is released and listed as an orphan.
+     a thread pointer the child may hand to a new thread: it is released
+     and listed as an orphan.
    - Ownerless, no orphan, nothing allocated: made by gsi_slab_new for a
      lost thread that had not taken it yet (a released slab holds allocated
      objects; an empty one is retired or listed). Nobody would ever free
