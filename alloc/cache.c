@@ -144,12 +144,16 @@ retry:;
             size_t bytes = pending_bytes_locked(c, &cookie);
             if (bytes) {
                 waited = true;
-                if (bytes >= gsi_pending_expedite_bytes() && !gsi_rcu_in_reader()) {
+                bool over = bytes >= gsi_pending_expedite_bytes();
+                if (over && !gsi_rcu_in_reader()) {
                     pthread_mutex_unlock(&c->lock.mutex);
                     gsi_gp_wait(cookie);
                     pthread_mutex_lock(&c->lock.mutex);
                 } else {
-                    gsi_gp_advance();
+                    if (over)
+                        gsi_rcu_expedite(); /* cannot wait: the lazy thread does */
+                    else
+                        gsi_gp_advance();
                 }
                 goto retry;
             }

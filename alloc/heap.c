@@ -409,6 +409,17 @@ static bool slab_refill(struct gs_slab *s)
            gsi_pending_reclaim_local(s) || gsi_slab_extend(s, EXTEND_BATCH);
 }
 
+/* Pending memory in class cls that makes refill wait for a grace period
+   rather than map a new slab: GRACESLAB_PENDING_EXPEDITE_KB (256 KiB by
+   default) — a few slabs' worth, so a writer that defers frees keeps its
+   footprint within a small bound of its live set, while short bursts never
+   block. */
+static bool pending_worth_waiting(struct gs_heap *h, unsigned cls)
+{
+    size_t bytes = h->waiting[cls].count * gsi_classes[cls].span * GS_SLOT_SIZE;
+    return bytes >= gsi_pending_expedite_bytes();
+}
+
 /* The oldest waiting slab of the class, if its grace period is done (after
    nudging the engine: non-blocking), or after waiting for it when `wait`. */
 static struct gs_slab *waiting_ready(struct gs_heap *h, unsigned cls, bool wait)
@@ -416,6 +427,12 @@ static struct gs_slab *waiting_ready(struct gs_heap *h, unsigned cls, bool wait)
     struct gs_slab *s = h->waiting[cls].first;
     if (!s)
         return NULL;
+    /* Keeps the lazy thread's grace periods going while this thread needs
+       them and cannot wait for them (see refill()); renewed whether or not
+       the oldest slab is ready yet: a lease that lapsed whenever things
+       went well stopped the grace periods until the next stall. */
+    if (!wait && gsi_rcu_in_reader() && pending_worth_waiting(h, cls))
+        gsi_rcu_expedite();
     if (!gsi_gp_done(s->wait_cookie)) {
         if (wait)
             gsi_gp_wait(s->wait_cookie);
@@ -426,17 +443,6 @@ static struct gs_slab *waiting_ready(struct gs_heap *h, unsigned cls, bool wait)
     }
     unlink_owned(h, s);
     return s;
-}
-
-/* Pending memory in class cls that makes refill wait for a grace period
-   rather than map a new slab: GRACESLAB_PENDING_EXPEDITE_KB (256 KiB by
-   default) — a few slabs' worth, so a writer that defers frees keeps its
-   footprint within a small bound of its live set, while short bursts never
-   block. */
-static bool pending_worth_waiting(struct gs_heap *h, unsigned cls)
-{
-    size_t bytes = h->waiting[cls].count * gsi_classes[cls].span * GS_SLOT_SIZE;
-    return bytes >= gsi_pending_expedite_bytes();
 }
 
 static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
@@ -465,14 +471,22 @@ static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
         put_exhausted(h, s);
     }
     /* Before asking the OS: if enough of this class is pending, wait for
-       its grace period (never inside a read-side critical section, where
-       that would wait for the caller itself). */
-    if (pending_worth_waiting(h, cls) && !gsi_rcu_in_reader()) {
-        while ((s = waiting_ready(h, cls, true))) {
-            if (slab_refill(s))
-                goto got;
-            put_exhausted(h, s);
-        }
+       its grace period. Never inside a read-side critical section, where
+       that would wait for the caller itself: there the lazy thread waits
+       for it. Left to the callers' non-blocking nudges (one scan each,
+       which a reader preempted inside its section fails), grace periods
+       slowed as memory grew, and threads that allocated and deferred
+       inside short read-side sections piled up pending memory without
+       bound. */
+    if (pending_worth_waiting(h, cls)) {
+        if (gsi_rcu_in_reader())
+            gsi_rcu_expedite();
+        else
+            while ((s = waiting_ready(h, cls, true))) {
+                if (slab_refill(s))
+                    goto got;
+                put_exhausted(h, s);
+            }
     }
     /* Other threads' deferrals of this class wait on slabs this heap does
        not own (a thread that frees what another allocates); the sweep hands

@@ -477,8 +477,9 @@ static size_t reclaim_large(void)
 
 /* Large blocks have no slab refill: the large allocation path is their
    reclaim path. Frees the done ones; when more than the expedite bound is
-   still pending, waits for a grace period first (never inside a read-side
-   critical section), so deferred large frees cannot pile up. */
+   still pending, waits for a grace period first (inside a read-side
+   critical section, has the lazy thread wait for it), so deferred large
+   frees cannot pile up. */
 void gsi_pending_large_refill(void)
 {
     if (!atomic_load_explicit(&large_pending, memory_order_relaxed))
@@ -487,12 +488,16 @@ void gsi_pending_large_refill(void)
     reclaim_large();
     gate_leave(gate);
     int64_t bytes = atomic_load_explicit(&large_pending_bytes, memory_order_relaxed);
-    if (bytes > (int64_t)gsi_pending_expedite_bytes() && !gsi_rcu_in_reader()) {
-        gsi_gp_wait(gsi_gp_cookie());
-        gate = gate_enter();
-        reclaim_large();
-        gate_leave(gate);
+    if (bytes <= (int64_t)gsi_pending_expedite_bytes())
+        return;
+    if (gsi_rcu_in_reader()) {
+        gsi_rcu_expedite(); /* cannot wait: the lazy thread does */
+        return;
     }
+    gsi_gp_wait(gsi_gp_cookie());
+    gate = gate_enter();
+    reclaim_large();
+    gate_leave(gate);
 }
 
 /* ----------------------------------------- reclaim across every slab */

@@ -233,7 +233,9 @@ struct gsi_rcu_reader_view {
     bool fast;                   /* registered, and no fences needed
                                     (membarrier mode) */
     const uint64_t *gp_seq;      /* the grace-period sequence */
-    const uint32_t *gp_waiting;  /* the driver waits for readers to leave */
+    const uint32_t *gp_waiting;  /* 0, or the driver waits for the readers
+                                    that entered before this sequence value
+                                    (low half) to leave */
 };
 /* Wakes the grace-period driver that waits for readers (rcu/reader.c). */
 void gsi_rcu_wake_gp_slow(void);
@@ -276,7 +278,8 @@ static inline void gsi_rcu_read_unlock_inline(void)
         r->nested--;
         return;
     }
-    if (__builtin_expect(!r->fast || __atomic_load_n(&r->snap, __ATOMIC_RELAXED) == 0, 0)) {
+    uint64_t snap = __atomic_load_n(&r->snap, __ATOMIC_RELAXED);
+    if (__builtin_expect(!r->fast || snap == 0, 0)) {
         gs_rcu_read_unlock(); /* fence mode, or aborts: no lock to undo */
         return;
     }
@@ -286,7 +289,10 @@ static inline void gsi_rcu_read_unlock_inline(void)
     /* The store above before the load of gp_waiting below
        (store-buffering against the driver; membarrier mode, as above). */
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    if (__builtin_expect(__atomic_load_n(r->gp_waiting, __ATOMIC_RELAXED) != 0, 0))
+    /* The driver sleeps on the low half of the sequence value that started
+       its grace period: wake it only if this section began before that. */
+    uint32_t waiting = __atomic_load_n(r->gp_waiting, __ATOMIC_RELAXED);
+    if (__builtin_expect(waiting != 0 && (int32_t)((uint32_t)snap - waiting) < 0, 0))
         gsi_rcu_wake_gp_slow();
 }
 

@@ -107,8 +107,22 @@ extern bool gsi_rcu_fences;
 extern _Atomic uint64_t gsi_gp_seq;
 
 /* Non-zero while the grace-period driver sleeps on this futex word waiting
-   for a reader; the reader's outermost unlock then wakes it. */
+   for readers: the low half of the sequence value that started the grace
+   period (odd). The outermost unlock of a reader that entered before it
+   (gsi_rcu_unlock_wakes) wakes the driver. */
 extern _Atomic uint32_t gsi_gp_waiting;
+
+/* Must the outermost unlock of a section that entered at sequence `snap`
+   wake the driver, which stored `waiting` (0: nobody sleeps)? Only if the
+   section began before the grace period the driver sleeps on: a later one
+   does not hold it up. The halves compare modulo 2^32: a section that is
+   inside keeps the sequence within a few values of its snapshot (every
+   grace period that starts after it waits for it). graceslab.h's inline
+   unlock makes the same test. */
+static inline bool gsi_rcu_unlock_wakes(uint64_t snap, uint32_t waiting)
+{
+    return waiting != 0 && (int32_t)((uint32_t)snap - waiting) < 0;
+}
 
 /* Blocks every signal on the calling thread, saving the old mask, and
    restores it: around the few steps a signal handler that enters a
@@ -140,6 +154,9 @@ void gsi_rcu_wake_gp_slow(void);
 
 /* gp.c: called by the fork child handler. */
 void gsi_gp_atfork_child(void);
+/* gsi_gp_wait() for the lazy thread, which no caller waits on: sleeps
+   at once instead of spinning first. */
+void gsi_gp_wait_background(uint64_t cookie);
 /* The writer-side full barrier: membarrier(2) or a seq_cst fence. */
 void gsi_gp_writer_barrier(void);
 /* Aborts with "graceslab: <call>(): called inside a read-side critical

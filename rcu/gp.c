@@ -24,8 +24,9 @@
  *   field                 written by                      read by
  *   gsi_gp_seq            driver, under gp_mutex          anyone (lock-free)
  *   gp_requested          gsi_gp_cookie() (atomic max)    driver
- *   gsi_gp_waiting        driver sets (gp_mutex);         reader unlock
- *                         reader unlock clears
+ *   gsi_gp_waiting        driver sets (gp_mutex) to the   reader unlock
+ *                         start it sleeps on; the unlock
+ *                         of a reader it waits for clears
  *   reader->snap          owner thread                    driver, registry lock
  *   registry links        thread.c, registry lock         driver, registry lock
  *
@@ -171,14 +172,23 @@ static bool gp_readers_blocking_locked(uint64_t start)
     return blocked;
 }
 
-/* Waits until no reader that entered before `start` is inside. gp_mutex
-   held (kept across the sleep: only drivers need it). */
-static void gp_wait_readers_locked(uint64_t start)
+/* Waits until no reader that entered before `start` is inside, spinning
+   `spins` scans before it sleeps. gp_mutex held (kept across the sleep:
+   only drivers need it). */
+static void gp_wait_readers_locked(uint64_t start, unsigned spin_limit)
 {
+    /* What gsi_gp_waiting holds while we sleep: the low half of `start`
+       (odd, so never 0). An unlock wakes us only if its snapshot is below
+       it: only a reader this grace period waits for. With a bare flag every
+       unlock woke us, and with readers entering and leaving all the time
+       (most of them after the start, not waited for) the sleep returned at
+       once: a loop of membarrier(2) and futex calls while a preempted
+       reader kept the grace period open, a third of a CPU on two cores. */
+    uint32_t mark = (uint32_t)start;
     for (unsigned spins = 0;; spins++) {
         if (!gp_readers_blocking_locked(start))
-            return;
-        if (spins < GP_SPINS) {
+            break;
+        if (spins < spin_limit) {
             for (int i = 0; i < 32; i++)
                 gsi_cpu_relax();
             continue;
@@ -186,15 +196,17 @@ static void gp_wait_readers_locked(uint64_t start)
         /* Relaxed store, ordered before the rescan by the writer barrier,
            which pairs with the barrier between the snapshot clear and the
            load of gsi_gp_waiting in gs_rcu_read_unlock(). */
-        atomic_store_explicit(&gsi_gp_waiting, 1, memory_order_relaxed);
+        atomic_store_explicit(&gsi_gp_waiting, mark, memory_order_relaxed);
         gsi_gp_writer_barrier();
-        if (!gp_readers_blocking_locked(start)) {
-            atomic_store_explicit(&gsi_gp_waiting, 0, memory_order_relaxed);
-            return;
-        }
+        if (!gp_readers_blocking_locked(start))
+            break;
         struct timespec t = {0, GP_SLEEP_NS};
-        gsi_futex_wait(&gsi_gp_waiting, 1, &t);
+        gsi_futex_wait(&gsi_gp_waiting, mark, &t);
     }
+    /* Relaxed: no unlock needs to wake anyone now (a stale mark would
+       only cost them a compare, or a spurious wake once the low half
+       wraps). */
+    atomic_store_explicit(&gsi_gp_waiting, 0, memory_order_relaxed);
 }
 
 /* One non-blocking step: start a grace period if one is needed, end the
@@ -225,7 +237,7 @@ void gsi_gp_advance(void)
 }
 
 /* Blocks until gsi_gp_done(cookie). Not inside a read-side section. */
-static void gp_wait(uint64_t cookie)
+static void gp_wait(uint64_t cookie, unsigned spins)
 {
     if (gsi_gp_done(cookie))
         return;
@@ -235,7 +247,7 @@ static void gp_wait(uint64_t cookie)
         uint64_t s = atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed);
         if (!(s & 1))
             s = gp_start_locked(s);
-        gp_wait_readers_locked(s);
+        gp_wait_readers_locked(s, spins);
         gp_end_locked(s);
     }
     pthread_mutex_unlock(&gp_mutex);
@@ -250,13 +262,22 @@ static void check_not_reader(const char *call)
 void gsi_gp_wait(uint64_t cookie)
 {
     check_not_reader("gsi_gp_wait");
-    gp_wait(cookie);
+    gp_wait(cookie, GP_SPINS);
+}
+
+void gsi_gp_wait_background(uint64_t cookie)
+{
+    check_not_reader("gsi_gp_wait");
+    /* No spinning: nobody waits on this latency, and on a busy machine the
+       spins took CPU from the very readers the grace period waited for
+       (and pulled their records' cache lines away from them). */
+    gp_wait(cookie, 0);
 }
 
 GS_EXPORT void gs_synchronize_rcu(void)
 {
     check_not_reader("gs_synchronize_rcu");
-    gp_wait(gsi_gp_cookie());
+    gp_wait(gsi_gp_cookie(), GP_SPINS);
 }
 
 /* For callback.c (the lazy thread and gs_rcu_barrier() checks). */

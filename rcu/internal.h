@@ -48,6 +48,17 @@ bool gsi_rcu_in_reader(void);
 void gsi_rcu_set_reclaim_hook(void (*hook)(void));
 void gsi_rcu_request_reclaim(void);
 
+/* For an allocator past its pending bound inside a read-side critical
+   section, which can neither wait for a grace period nor reuse memory
+   before one: the lazy thread drives grace periods back to back (blocking
+   waits, outside any reader) for the next 100 ms, and each call renews
+   that. Grace periods then keep pace with the callers' deferrals. Left to
+   the callers' one-scan nudges (gsi_gp_advance, which a reader preempted
+   inside its section fails), they came as rarely as refills, which grew
+   rarer as pending memory grew: pending memory grew without bound. Only
+   grace periods: no hook call. Lock-free; may create or wake the thread. */
+void gsi_rcu_expedite(void);
+
 /* The allocator's exit destructor calls this on the exiting thread: from
    then on the thread never links its reader record (its read-side sections
    are anonymous; rcu/thread.c), which covers a thread whose first section

@@ -11,7 +11,7 @@
  * lock is a TLS load, three predictable branches (inside, registered,
  * mode), one load of the sequence and one store; the outermost unlock one
  * load of `nested` and of the snapshot, one store, one load of
- * gsi_gp_waiting and three branches. In membarrier mode neither issues a
+ * gsi_gp_waiting and four branches. In membarrier mode neither issues a
  * fence; in fence mode each issues one. Nested calls only count.
  * graceslab.h has the same steps inline (GRACESLAB_RCU_INLINE).
  *
@@ -133,7 +133,7 @@ GS_EXPORT void gs_rcu_read_unlock(void)
         atomic_store_explicit(&r->snap, 0, memory_order_release);
         /* Orders the store above before the load of gsi_gp_waiting below
            (store-buffering against the driver, which stores
-           gsi_gp_waiting = 1 and then issues its writer barrier before
+           its mark in gsi_gp_waiting and then issues its writer barrier before
            rescanning): either the driver's rescan sees us quiescent or we
            see it waiting and wake it. Fence mode: pairs with the seq_cst
            fence of gsi_gp_writer_barrier(); membarrier mode: compiler
@@ -142,8 +142,13 @@ GS_EXPORT void gs_rcu_read_unlock(void)
             atomic_thread_fence(memory_order_seq_cst);
         else
             atomic_signal_fence(memory_order_seq_cst);
-        /* Relaxed: only decides whether to wake; the fence above orders it. */
-        if (GS_UNLIKELY(atomic_load_explicit(&gsi_gp_waiting, memory_order_relaxed)))
+        /* Relaxed: only decides whether to wake; the fence above orders
+           it. Either this load sees the driver's mark, or the driver's
+           rescan (after its store of the mark and its barrier) sees the
+           snapshot cleared; a section that began after the grace period
+           started is not waited for, so its unlock need not wake. */
+        uint32_t waiting = atomic_load_explicit(&gsi_gp_waiting, memory_order_relaxed);
+        if (GS_UNLIKELY(gsi_rcu_unlock_wakes(snap, waiting)))
             gsi_rcu_wake_gp_slow();
         return;
     }
@@ -155,7 +160,9 @@ GS_EXPORT void gs_rcu_read_unlock(void)
 GS_EXPORT GS_NOINLINE void gsi_rcu_wake_gp_slow(void)
 {
     /* Relaxed exchange: the futex wake is what matters; whoever clears the
-       flag issues it. The driver rescans after every wakeup. */
+       mark issues it. The driver rescans after every wakeup, and sets the
+       mark again if a reader still holds the grace period. (Code inlined
+       from an older graceslab.h calls this on any mark: a spurious wake.) */
     if (atomic_exchange_explicit(&gsi_gp_waiting, 0, memory_order_relaxed))
         gsi_futex_wake(&gsi_gp_waiting, 1);
 }

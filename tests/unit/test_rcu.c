@@ -209,6 +209,57 @@ Test(rcu, gp_does_not_wait_for_new_readers)
     holder_stop(&young);
 }
 
+Test(rcu, only_waited_readers_wake_the_driver)
+{
+    /* Registered now, so that the sections below are not anonymous ones
+       (whose unlock always wakes the driver). */
+    gs_rcu_register_thread();
+    struct holder old;
+    struct syncer s;
+    holder_start(&old);
+    syncer_start(&s);
+    /* The syncer spins, then sleeps with its mark in gsi_gp_waiting. */
+    for (int i = 0; i < 20000 && !atomic_load(&gsi_gp_waiting); i++)
+        sleep_ms(1);
+    uint32_t mark = atomic_load(&gsi_gp_waiting);
+    cr_assert(mark != 0, "the driver never slept");
+    /* Sections that began after the grace period started leave it asleep
+       (each of their unlocks used to wake it, only for it to find `old`
+       still inside). */
+    for (int i = 0; i < 1000; i++) {
+        gs_rcu_read_lock();
+        gs_rcu_read_unlock();
+    }
+    cr_assert_eq(atomic_load(&gsi_gp_waiting), mark,
+                 "the unlock of a reader the grace period does not wait for woke the driver");
+    cr_assert_not(atomic_load(&s.done));
+    /* The reader it waits for wakes it. */
+    holder_stop(&old);
+    pthread_join(s.t, NULL);
+    cr_assert(atomic_load(&s.done));
+    gs_rcu_unregister_thread();
+}
+
+Test(rcu, expedite_drives_grace_periods_then_stops)
+{
+    /* Nobody drives grace periods in this process: a cookie stays pending. */
+    uint64_t c = gsi_gp_cookie();
+    sleep_ms(100);
+    cr_assert_not(gsi_gp_done(c), "a grace period completed with nobody driving it");
+    /* The allocator's call from inside a reader: the lazy thread drives. */
+    gs_rcu_read_lock();
+    gsi_rcu_expedite();
+    gs_rcu_read_unlock();
+    for (int i = 0; i < 20000 && !gsi_gp_done(c); i++)
+        sleep_ms(1);
+    cr_assert(gsi_gp_done(c), "gsi_rcu_expedite() did not get a grace period completed");
+    /* The lease (100 ms) runs out and the thread goes quiet again. */
+    sleep_ms(1000);
+    uint64_t started = gsi_gp_started();
+    sleep_ms(500);
+    cr_assert_eq(gsi_gp_started(), started, "grace periods went on after the lease ended");
+}
+
 static atomic_int cb_runs;
 static void count_cb(struct gs_rcu_head *h)
 {
