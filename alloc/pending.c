@@ -60,6 +60,7 @@ _Atomic bool gsi_pending_unarmed;
 static void pending_hook(void);
 struct sweep;
 struct sweep *gsi_sweep_buffer(void);
+static size_t run_sweep(size_t *still_pending, int only_cls);
 void gsi_pending_stats_counts(struct gs_stats *st);
 
 /* ------------------------------------------------------------- accounting */
@@ -514,12 +515,37 @@ static void add_class_pending(struct gs_heap *h, void *arg)
         cc->n += atomic_load_explicit(&h->pending_objects[cc->cls], memory_order_relaxed);
 }
 
+/* Shortest time between two light sweeps (process-wide): each walks every
+   slab under the segment lock. */
+#define LIGHT_SWEEP_NS 10000000u
+static _Atomic uint64_t light_sweep_last;
+
+/* gsi_pending_reclaim_class() inside a reader, which cannot wait: the lazy
+   thread drives grace periods, and what is done is swept now, at most once
+   per LIGHT_SWEEP_NS in the process: only the class's ownerless slabs (a
+   thread's deferrals of objects it does not allocate leave their slabs
+   ownerless, and only a sweep hands them back) and the caller's own; other
+   heaps' slabs are their owners' to reclaim. Before, this waited for the
+   lazy sweep, about once a second: a thread allocating inside readers what
+   another thread deferred mapped a second's worth of allocations. */
+static bool reclaim_class_in_reader(unsigned cls)
+{
+    gsi_rcu_expedite();
+    uint64_t now = gsi_now_ns(), last = atomic_load_explicit(&light_sweep_last, memory_order_relaxed);
+    /* Relaxed CAS: elects one sweeper per period; nothing else is ordered
+       by it (the sweep has its own synchronisation). */
+    if (now - last < LIGHT_SWEEP_NS ||
+        !atomic_compare_exchange_strong_explicit(&light_sweep_last, &last, now,
+                                                 memory_order_relaxed, memory_order_relaxed))
+        return false;
+    return run_sweep(NULL, (int)cls) > 0;
+}
+
 bool gsi_pending_reclaim_class(unsigned cls)
 {
     /* The per-heap counts exist only with statistics (-Dstats=false: no
        bound across threads, only the deferring thread's own). */
-    if (!GS_STATS || !atomic_load_explicit(&deferred_ever, memory_order_relaxed) ||
-        gsi_rcu_in_reader())
+    if (!GS_STATS || !atomic_load_explicit(&deferred_ever, memory_order_relaxed))
         return false;
     /* Other heaps' counts only: this thread's own deferrals wait on its
        own lists, which refill has just waited for (pending_worth_waiting).
@@ -531,6 +557,8 @@ bool gsi_pending_reclaim_class(unsigned cls)
     gsi_heaps_foreach(add_class_pending, &cc);
     if (cc.n <= 0 || (size_t)cc.n * gsi_classes[cls].size < gsi_pending_expedite_bytes())
         return false;
+    if (gsi_rcu_in_reader())
+        return reclaim_class_in_reader(cls);
     gsi_gp_wait(gsi_gp_cookie());
     return gsi_pending_sweep(NULL) > 0;
 }
@@ -539,6 +567,9 @@ bool gsi_pending_reclaim_class(unsigned cls)
 
 struct sweep {
     struct gs_heap *h;              /* the sweeping thread's heap (may be NULL) */
+    int only_cls;                   /* -1: every slab; else a light sweep of
+                                       that class: ownerless slabs and h's
+                                       own, not other heaps' */
     size_t bytes;                   /* made reusable */
     bool full;                      /* settle[] filled up: sweep again */
     unsigned nsettle;
@@ -582,6 +613,8 @@ static bool take_for_settle(struct sweep *sw, struct gs_slab *s, uint64_t x)
 static void sweep_slab(struct gs_slab *s, void *arg)
 {
     struct sweep *sw = arg;
+    if (sw->only_cls >= 0 && s->cls != sw->only_cls)
+        return;
     uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
     /* Only slabs with a chain done now: a slab settled in an earlier pass
        whose objects still wait has nothing to do, and picking it again made
@@ -595,6 +628,8 @@ static void sweep_slab(struct gs_slab *s, void *arg)
         take_for_settle(sw, s, x);
         return;
     }
+    if (sw->only_cls >= 0)
+        return; /* its owner reclaims it on its own refills */
     sw->bytes += (size_t)reclaim_to_remote(s) * s->obj_size;
     /* Its owner may have given it up between our look and our push (it
        found nothing free and released it, or its thread exited): then the
@@ -636,7 +671,7 @@ void gsi_pending_sweeps_quiesce(void)
         sched_yield();
 }
 
-size_t gsi_pending_sweep(size_t *still_pending)
+static size_t run_sweep(size_t *still_pending, int only_cls)
 {
     struct sweep *sw = gsi_sweep_buffer();
     size_t bytes = 0;
@@ -648,6 +683,7 @@ size_t gsi_pending_sweep(size_t *still_pending)
     atomic_fetch_add(&sweeps_running, 1);
     do {
         sw->h = gsi_heap_get();
+        sw->only_cls = only_cls;
         sw->bytes = 0;
         sw->full = false;
         sw->nsettle = 0;
@@ -659,7 +695,8 @@ size_t gsi_pending_sweep(size_t *still_pending)
     atomic_fetch_sub(&sweeps_running, 1);
     if (shared)
         pthread_mutex_unlock(&emergency_lock);
-    bytes += reclaim_large();
+    if (only_cls < 0)
+        bytes += reclaim_large();
     gate_leave(gate);
     if (still_pending) {
         struct gs_stats st;
@@ -667,6 +704,11 @@ size_t gsi_pending_sweep(size_t *still_pending)
         *still_pending = st.pending_objects;
     }
     return bytes;
+}
+
+size_t gsi_pending_sweep(size_t *still_pending)
+{
+    return run_sweep(still_pending, -1);
 }
 
 /* The engine's lazy thread calls this after a grace period, when the
