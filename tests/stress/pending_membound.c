@@ -128,18 +128,19 @@ static void run(unsigned writers, unsigned readers)
     double secs = gst_now_s() - t0;
 
     size_t hwm = gsp_status_bytes("VmHWM");
+    size_t grew = hwm > hwm0 ? hwm - hwm0 : 0; /* see writers_inside_read_sections */
     struct gs_stats st;
     gs_stats_get(&st);
     cr_log_info("%u writer(s), %u reader(s): %lu updates in %.2f s; peak RSS +%zu KiB "
                 "(live %zu KiB, peak reset %s); max pending %zu KiB; %lu grace periods",
-                writers, readers, atomic_load(&updates_done), secs, (hwm - hwm0) >> 10,
+                writers, readers, atomic_load(&updates_done), secs, grew >> 10,
                 live >> 10, reset ? "yes" : "no", max_pending >> 10, st.gp_completed);
     cr_assert_eq(atomic_load(&bad_reads), 0, "readers saw %lu reused objects",
                  atomic_load(&bad_reads));
     cr_assert_geq(atomic_load(&updates_done), target);
-    cr_assert_leq(hwm - hwm0, live + SLACK,
+    cr_assert_leq(grew, live + SLACK,
                   "peak RSS grew by %zu KiB for a live set of %zu KiB (bound: live + 8 MiB)",
-                  (hwm - hwm0) >> 10, live >> 10);
+                  grew >> 10, live >> 10);
     cr_assert_leq(max_pending, SLACK, "pending_bytes reached %zu KiB", max_pending >> 10);
     cr_assert_gt(max_pending, 0, "the monitor never saw pending memory");
 
@@ -215,20 +216,25 @@ Test(pending_membound, writers_inside_read_sections, .timeout = 900)
         pthread_join(w[i], NULL);
     double secs = gst_now_s() - t0;
     size_t hwm = gsp_status_bytes("VmHWM"), half = atomic_load(&half_hwm);
+    /* VmHWM is the larger of the kernel's recorded peak and the current
+       RSS, and the recorded peak is updated lazily: a later reading can be
+       a little lower (144 KiB in one ASan run) when the RSS fell since.
+       That is no growth. */
+    size_t grew = hwm > half ? hwm - half : 0, first = half > hwm0 ? half - hwm0 : 0;
     struct gs_stats st;
     gs_stats_get(&st);
     cr_log_info("%d writers inside read-side sections on %d CPUs: %lu updates in %.2f s; "
                 "peak RSS +%zu KiB in the second half, +%zu KiB in all (peak reset %s); "
                 "%lu grace periods",
-                INREADER_WRITERS, cpus, atomic_load(&updates_done), secs, (hwm - half) >> 10,
-                (hwm - hwm0) >> 10, reset ? "yes" : "no", st.gp_completed);
+                INREADER_WRITERS, cpus, atomic_load(&updates_done), secs, grew >> 10,
+                (grew + first) >> 10, reset ? "yes" : "no", st.gp_completed);
     cr_assert_eq(atomic_load(&bad_reads), 0, "writers saw %lu reused objects",
                  atomic_load(&bad_reads));
     cr_assert_gt(half, 0, "the half-way point was never recorded");
-    cr_assert_leq(hwm - half, INREADER_SLACK,
+    cr_assert_leq(grew, INREADER_SLACK,
                   "peak RSS grew by %zu KiB in the second half of the run "
                   "(+%zu KiB in the first); bound: 16 MiB",
-                  (hwm - half) >> 10, (half - hwm0) >> 10);
+                  grew >> 10, first >> 10);
 
     for (uint32_t i = 0; i < NSLOTS; i++)
         gs_free_rcu(slots[i]);
