@@ -136,24 +136,21 @@ retry:;
             /* Before mapping: deferred frees of this cache (the cache path
                is no allocator slow path, so nothing else drives their grace
                periods). Nudge the engine; past the expedite bound, wait
-               for their grace period (never with c->lock held, never
-               inside a read-side critical section), as heap refill does. */
+               for their grace period (never with c->lock held; inside a
+               read-side critical section the lazy thread drives it), as
+               heap refill does. */
             if (atomic_load_explicit(&gsi_pending_unarmed, memory_order_relaxed))
                 gsi_pending_kick();
             uint64_t cookie;
             size_t bytes = pending_bytes_locked(c, &cookie);
             if (bytes) {
                 waited = true;
-                bool over = bytes >= gsi_pending_expedite_bytes();
-                if (over && !gsi_rcu_in_reader()) {
+                if (bytes >= gsi_pending_expedite_bytes()) {
                     pthread_mutex_unlock(&c->lock.mutex);
-                    gsi_gp_wait(cookie);
+                    gsi_gp_wait_or_expedite(cookie);
                     pthread_mutex_lock(&c->lock.mutex);
                 } else {
-                    if (over)
-                        gsi_rcu_expedite(); /* cannot wait: the lazy thread does */
-                    else
-                        gsi_gp_advance();
+                    gsi_gp_advance();
                 }
                 goto retry;
             }

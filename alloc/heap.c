@@ -421,7 +421,8 @@ static bool pending_worth_waiting(struct gs_heap *h, unsigned cls)
 }
 
 /* The oldest waiting slab of the class, if its grace period is done (after
-   nudging the engine: non-blocking), or after waiting for it when `wait`. */
+   nudging the engine: non-blocking), or after waiting for it when `wait`
+   (inside a reader, after having the lazy thread drive it). */
 static struct gs_slab *waiting_ready(struct gs_heap *h, unsigned cls, bool wait)
 {
     struct gs_slab *s = h->waiting[cls].first;
@@ -435,7 +436,7 @@ static struct gs_slab *waiting_ready(struct gs_heap *h, unsigned cls, bool wait)
         gsi_rcu_expedite();
     if (!gsi_gp_done(s->wait_cookie)) {
         if (wait)
-            gsi_gp_wait(s->wait_cookie);
+            gsi_gp_wait_or_expedite(s->wait_cookie);
         else
             gsi_gp_advance();
         if (!gsi_gp_done(s->wait_cookie))
@@ -478,16 +479,12 @@ static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
        slowed as memory grew, and threads that allocated and deferred
        inside short read-side sections piled up pending memory without
        bound. */
-    if (pending_worth_waiting(h, cls)) {
-        if (gsi_rcu_in_reader())
-            gsi_rcu_expedite();
-        else
-            while ((s = waiting_ready(h, cls, true))) {
-                if (slab_refill(s))
-                    goto got;
-                put_exhausted(h, s);
-            }
-    }
+    if (pending_worth_waiting(h, cls))
+        while ((s = waiting_ready(h, cls, true))) {
+            if (slab_refill(s))
+                goto got;
+            put_exhausted(h, s);
+        }
     /* Other threads' deferrals of this class wait on slabs this heap does
        not own (a thread that frees what another allocates); the sweep hands
        them to the orphan list once their grace period is done. */

@@ -489,13 +489,9 @@ void gsi_pending_large_refill(void)
     reclaim_large();
     gate_leave(gate);
     int64_t bytes = atomic_load_explicit(&large_pending_bytes, memory_order_relaxed);
-    if (bytes <= (int64_t)gsi_pending_expedite_bytes())
+    if (bytes <= (int64_t)gsi_pending_expedite_bytes() ||
+        !gsi_gp_wait_or_expedite(gsi_gp_cookie()))
         return;
-    if (gsi_rcu_in_reader()) {
-        gsi_rcu_expedite(); /* cannot wait: the lazy thread does */
-        return;
-    }
-    gsi_gp_wait(gsi_gp_cookie());
     gate = gate_enter();
     reclaim_large();
     gate_leave(gate);
@@ -520,17 +516,16 @@ static void add_class_pending(struct gs_heap *h, void *arg)
 #define LIGHT_SWEEP_NS 10000000u
 static _Atomic uint64_t light_sweep_last;
 
-/* gsi_pending_reclaim_class() inside a reader, which cannot wait: the lazy
-   thread drives grace periods, and what is done is swept now, at most once
+/* gsi_pending_reclaim_class() inside a reader, which cannot wait (the lazy
+   thread drives the grace periods): what is done is swept now, at most once
    per LIGHT_SWEEP_NS in the process: only the class's ownerless slabs (a
    thread's deferrals of objects it does not allocate leave their slabs
    ownerless, and only a sweep hands them back) and the caller's own; other
    heaps' slabs are their owners' to reclaim. Before, this waited for the
    lazy sweep, about once a second: a thread allocating inside readers what
    another thread deferred mapped a second's worth of allocations. */
-static bool reclaim_class_in_reader(unsigned cls)
+static bool light_sweep(unsigned cls)
 {
-    gsi_rcu_expedite();
     uint64_t now = gsi_now_ns(), last = atomic_load_explicit(&light_sweep_last, memory_order_relaxed);
     /* Relaxed CAS: elects one sweeper per period; nothing else is ordered
        by it (the sweep has its own synchronisation). */
@@ -557,9 +552,8 @@ bool gsi_pending_reclaim_class(unsigned cls)
     gsi_heaps_foreach(add_class_pending, &cc);
     if (cc.n <= 0 || (size_t)cc.n * gsi_classes[cls].size < gsi_pending_expedite_bytes())
         return false;
-    if (gsi_rcu_in_reader())
-        return reclaim_class_in_reader(cls);
-    gsi_gp_wait(gsi_gp_cookie());
+    if (!gsi_gp_wait_or_expedite(gsi_gp_cookie()))
+        return light_sweep(cls);
     return gsi_pending_sweep(NULL) > 0;
 }
 

@@ -389,6 +389,16 @@ void gsi_rcu_expedite(void)
     lazy_wake(false);
 }
 
+bool gsi_gp_wait_or_expedite(uint64_t cookie)
+{
+    if (gsi_rcu_in_reader()) {
+        gsi_rcu_expedite();
+        return false;
+    }
+    gsi_gp_wait(cookie);
+    return true;
+}
+
 uint64_t gsi_rcu_lazy_wakeups(void)
 {
     return atomic_load_explicit(&lazy_wakeups, memory_order_relaxed);

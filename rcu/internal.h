@@ -59,6 +59,12 @@ void gsi_rcu_request_reclaim(void);
    grace periods: no hook call. Lock-free; may create or wake the thread. */
 void gsi_rcu_expedite(void);
 
+/* What an allocator past a pending bound does: waits for the grace period
+   named by cookie (true), or inside a read-side critical section, where
+   that wait would wait for the caller itself, calls gsi_rcu_expedite()
+   instead (false: nothing completed yet). */
+bool gsi_gp_wait_or_expedite(uint64_t cookie);
+
 /* The allocator's exit destructor calls this on the exiting thread: from
    then on the thread never links its reader record (its read-side sections
    are anonymous; rcu/thread.c), which covers a thread whose first section
