@@ -7,7 +7,8 @@
  * rate bound is on voluntary switches; involuntary ones are preemptions of
  * a thread already awake, as many as the machine's load makes (a loaded
  * 2-core machine under TSan gave 2 for 4 wakeups in 3 s). While idle the
- * thread must not run at all, so there both kinds count.
+ * thread must not run at all, so there both kinds count, and so does its
+ * CPU time (a thread spinning on an idle core switches not at all).
  *
  *   1. Nothing deferred: reads, gs_synchronize_rcu, polling and an empty
  *      gs_rcu_barrier create no thread.
@@ -46,12 +47,33 @@ static int failures;
 
 struct switches {
     long voluntary, involuntary;
+    long cpu_ticks; /* user + system time, in clock ticks (/proc/.../stat) */
 };
+
+/* Fields 14 and 15 (utime, stime) of /proc/self/task/<tid>/stat; the
+   command name (field 2) is in parentheses and may hold spaces. */
+static long task_cpu_ticks(const char *tid)
+{
+    char path[300], buf[1024];
+    snprintf(path, sizeof path, "/proc/self/task/%s/stat", tid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *s = strrchr(buf, ')');
+    long utime = 0, stime = 0;
+    if (s && sscanf(s + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &utime,
+                    &stime) == 2)
+        return utime + stime;
+    return 0;
+}
 
 /* Context switches of the engine's lazy thread (0 if it does not exist). */
 static struct switches background_switches(void)
 {
-    struct switches total = {0, 0};
+    struct switches total = {0, 0, 0};
     DIR *d = opendir("/proc/self/task");
     struct dirent *e;
     while (d && (e = readdir(d))) {
@@ -64,6 +86,8 @@ static struct switches background_switches(void)
             fclose(f);
             continue;
         }
+        if (f)
+            total.cpu_ticks += task_cpu_ticks(e->d_name);
         while (f && fgets(line, sizeof line, f)) {
             long v;
             if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1)
@@ -174,10 +198,14 @@ int main(void)
     uint64_t w2 = gsi_rcu_lazy_wakeups();
     struct switches sw2 = background_switches();
     long idle_switches = (sw2.voluntary - sw1.voluntary) + (sw2.involuntary - sw1.involuntary);
-    printf("rcu_wakeups: idle %ds: %llu wakeups (counter), %ld context switches (/proc)\n", IDLE_S,
-           (unsigned long long)(w2 - w1), idle_switches);
+    long idle_ticks = sw2.cpu_ticks - sw1.cpu_ticks;
+    printf("rcu_wakeups: idle %ds: %llu wakeups (counter), %ld context switches, %ld CPU ticks "
+           "(/proc)\n", IDLE_S, (unsigned long long)(w2 - w1), idle_switches, idle_ticks);
     CHECK(w2 == w1, "%llu wakeups while idle", (unsigned long long)(w2 - w1));
     CHECK(idle_switches == 0, "%ld background context switches while idle", idle_switches);
+    /* A thread that spins without blocking makes no voluntary switch, and
+       on an idle core no involuntary one either: its CPU time shows it. */
+    CHECK(idle_ticks == 0, "the background thread ran for %ld clock ticks while idle", idle_ticks);
     CHECK(atomic_load(&ran) == TRICKLE_S * RATE, "%ld of %d lazy callbacks ran after the timeout",
           (long)atomic_load(&ran), TRICKLE_S * RATE);
 
