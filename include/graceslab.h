@@ -216,8 +216,9 @@ void gs_stats_get(struct gs_stats *out);
  * reads the library's per-thread record, whose layout is below), and
  * libgraceslab is loaded at start-up (linked, or LD_PRELOAD), not with
  * dlopen(): the record is in initial-exec TLS. The record's symbol carries
- * its layout version (_v1): a library whose record differs does not export
- * it, so the program fails to load instead of reading the wrong fields.
+ * its version (_v2): a library whose record differs, in layout or in what
+ * a field means, does not export it, so the program fails to load instead
+ * of reading the wrong fields.
  * Needs C99 or later, or C++ (inline functions).
  *
  * The names below (gsi_*) are graceslab's internals, public only for the
@@ -240,8 +241,9 @@ struct gsi_rcu_reader_view {
 /* Wakes the grace-period driver that waits for readers (rcu/reader.c). */
 void gsi_rcu_wake_gp_slow(void);
 /* The calling thread's record (the library's own, under this type). The
-   suffix is the layout version: bump it with any change to the view. */
-extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view_v1
+   suffix is the version: bump it with any change to the view's layout or
+   to what a field means (v2: gp_waiting holds a sequence mark, was 0/1). */
+extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view_v2
     __attribute__((tls_model("initial-exec")));
 
 #ifdef GRACESLAB_RCU_INLINE
@@ -252,7 +254,7 @@ extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view_v1
    are not the macros below). */
 static inline void gsi_rcu_read_lock_inline(void)
 {
-    struct gsi_rcu_reader_view *r = &gsi_rcu_self_view_v1;
+    struct gsi_rcu_reader_view *r = &gsi_rcu_self_view_v2;
     /* Relaxed: only this thread writes its snapshot. */
     if (__builtin_expect(__atomic_load_n(&r->snap, __ATOMIC_RELAXED) != 0, 0)) {
         r->nested++;
@@ -273,7 +275,7 @@ static inline void gsi_rcu_read_lock_inline(void)
 
 static inline void gsi_rcu_read_unlock_inline(void)
 {
-    struct gsi_rcu_reader_view *r = &gsi_rcu_self_view_v1;
+    struct gsi_rcu_reader_view *r = &gsi_rcu_self_view_v2;
     if (__builtin_expect(r->nested != 0, 0)) {
         r->nested--;
         return;

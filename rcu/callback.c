@@ -34,7 +34,9 @@
  *
  * Fork: the child has no lazy thread; cb_thread_state is reset and the next
  * deferral (or gs_rcu_barrier) creates it. A batch the parent's thread had
- * taken but not finished is pushed back in the child (cb_inflight).
+ * taken but not finished is pushed back in the child (cb_inflight), with
+ * its reclaim request; fork waits (cb_take_mutex) while the thread is
+ * between taking a batch and publishing it there.
  */
 #include "rcu/engine.h"
 #include "rcu/internal.h"
@@ -74,9 +76,16 @@ static _Atomic uint64_t cb_expedite_until;
 static _Atomic(void (*)(void)) reclaim_hook;
 /* THREAD_NONE -> THREAD_STARTING (CAS, one creator) -> THREAD_RUNNING. */
 static _Atomic int cb_thread_state;
-/* The batch the lazy thread is working on, FIFO, not yet invoked (only the
-   lazy thread writes it; the fork child reads it). */
+/* The batch the lazy thread is working on, FIFO, not yet invoked, and
+   whether the reclaim hook is still to run for it (only the lazy thread
+   writes them; the fork child reads them). */
 static _Atomic(struct gs_rcu_head *) cb_inflight;
+static _Atomic uint32_t cb_inflight_reclaim;
+/* Held by the lazy thread from taking a batch until it is published in
+   cb_inflight, and by fork (gsi_rcu_cb_atfork_prepare): a fork in between
+   left the batch in the lazy thread's locals only, and the child lost it
+   (its callbacks never ran; gs_rcu_barrier returned anyway). */
+static pthread_mutex_t cb_take_mutex = PTHREAD_MUTEX_INITIALIZER;
 /* Wakeups of the lazy thread, ever (returns from its futex sleep). */
 static _Atomic uint64_t lazy_wakeups;
 /* gs_rcu_barrier() waiters sleep on this word; each sentinel bumps it. */
@@ -151,6 +160,7 @@ static void lazy_process(void)
     /* Relaxed: a hurry that arrives from now on finds the stack non-empty
        or is served by the next round anyway. */
     atomic_store_explicit(&cb_hurry, 0, memory_order_relaxed);
+    pthread_mutex_lock(&cb_take_mutex);
     /* seq_cst (acquire at least): pairs with the release CAS in enqueue();
        the updaters' unlinks happen before the cookie below is taken. */
     struct gs_rcu_head *h = atomic_exchange_explicit(&cb_stack, NULL, memory_order_seq_cst);
@@ -169,15 +179,18 @@ static void lazy_process(void)
     }
     /* Relaxed: heuristic for the batch bound. */
     atomic_fetch_add_explicit(&cb_taken, n, memory_order_relaxed);
-    /* Relaxed: only this thread and the fork child (a memory snapshot)
-       read it. */
+    /* Relaxed: only this thread and the fork child (a memory snapshot,
+       taken with cb_take_mutex held) read them. */
     atomic_store_explicit(&cb_inflight, fifo, memory_order_relaxed);
+    atomic_store_explicit(&cb_inflight_reclaim, reclaim, memory_order_relaxed);
+    pthread_mutex_unlock(&cb_take_mutex);
     gsi_gp_wait(gsi_gp_cookie());
     if (reclaim) {
         /* Acquire: pairs with the release store in gsi_rcu_set_reclaim_hook(). */
         void (*hook)(void) = atomic_load_explicit(&reclaim_hook, memory_order_acquire);
         if (hook)
             hook();
+        atomic_store_explicit(&cb_inflight_reclaim, 0, memory_order_relaxed);
     }
     while (fifo) {
         struct gs_rcu_head *next = fifo->next;
@@ -409,6 +422,16 @@ bool gsi_rcu_lazy_thread_exists(void)
     return atomic_load_explicit(&cb_thread_state, memory_order_relaxed) != THREAD_NONE;
 }
 
+void gsi_rcu_cb_atfork_prepare(void)
+{
+    pthread_mutex_lock(&cb_take_mutex);
+}
+
+void gsi_rcu_cb_atfork_parent(void)
+{
+    pthread_mutex_unlock(&cb_take_mutex);
+}
+
 void gsi_rcu_cb_atfork_child(void)
 {
     /* Only this thread exists; plain (relaxed) accesses suffice. The
@@ -436,6 +459,11 @@ void gsi_rcu_cb_atfork_child(void)
     }
     atomic_store_explicit(&cb_stack, stack, memory_order_relaxed);
     atomic_store_explicit(&cb_inflight, NULL, memory_order_relaxed);
+    /* A reclaim request the parent's thread had taken and not served. */
+    if (atomic_load_explicit(&cb_inflight_reclaim, memory_order_relaxed))
+        atomic_store_explicit(&cb_reclaim, 1, memory_order_relaxed);
+    atomic_store_explicit(&cb_inflight_reclaim, 0, memory_order_relaxed);
+    pthread_mutex_init(&cb_take_mutex, NULL);
     atomic_store_explicit(&cb_thread_state, THREAD_NONE, memory_order_relaxed);
     atomic_store_explicit(&cb_sleeping, AWAKE, memory_order_relaxed);
     on_lazy_thread = false;

@@ -165,6 +165,8 @@ void gsi_gp_check_not_reader(const char *call);
 
 /* callback.c: called by the fork child handler; and the wakeup counter the
    tests read (lazy thread returns from a sleep). */
+void gsi_rcu_cb_atfork_prepare(void);
+void gsi_rcu_cb_atfork_parent(void);
 void gsi_rcu_cb_atfork_child(void);
 uint64_t gsi_rcu_lazy_wakeups(void);
 bool gsi_rcu_lazy_thread_exists(void);

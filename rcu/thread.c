@@ -24,7 +24,7 @@ bool gsi_rcu_fences;
 
 /* The record as the inlined read side sees it: the same TLS object under
    a public name and the public prefix type (graceslab.h). */
-extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view_v1
+extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view_v2
     __attribute__((alias("gsi_rcu_self"), visibility("default")));
 #define SAME_FIELD(f)                                                            \
     (offsetof(struct gsi_rcu_reader, f) == offsetof(struct gsi_rcu_reader_view, f) && \
@@ -127,12 +127,16 @@ static void thread_exit(void *arg)
 
 static void atfork_prepare(void)
 {
+    /* The lazy thread takes cb_take_mutex alone, never with the registry
+       lock: no order between the two. */
+    gsi_rcu_cb_atfork_prepare();
     pthread_mutex_lock(&registry_mutex);
 }
 
 static void atfork_parent(void)
 {
     pthread_mutex_unlock(&registry_mutex);
+    gsi_rcu_cb_atfork_parent();
 }
 
 static void atfork_child(void)
