@@ -414,7 +414,7 @@ static bool slab_refill(struct gs_slab *s)
    default) — a few slabs' worth, so a writer that defers frees keeps its
    footprint within a small bound of its live set, while short bursts never
    block. */
-static bool pending_worth_waiting(struct gs_heap *h, unsigned cls)
+bool gsi_heap_pending_worth_waiting(struct gs_heap *h, unsigned cls)
 {
     size_t bytes = h->waiting[cls].count * gsi_classes[cls].span * GS_SLOT_SIZE;
     return bytes >= gsi_pending_expedite_bytes();
@@ -432,7 +432,7 @@ static struct gs_slab *waiting_ready(struct gs_heap *h, unsigned cls, bool wait)
        them and cannot wait for them (see refill()); renewed whether or not
        the oldest slab is ready yet: a lease that lapsed whenever things
        went well stopped the grace periods until the next stall. */
-    if (!wait && gsi_rcu_in_reader() && pending_worth_waiting(h, cls))
+    if (!wait && gsi_rcu_in_reader() && gsi_heap_pending_worth_waiting(h, cls))
         gsi_rcu_expedite();
     if (!gsi_gp_done(s->wait_cookie)) {
         if (wait)
@@ -479,7 +479,7 @@ static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
        slowed as memory grew, and threads that allocated and deferred
        inside short read-side sections piled up pending memory without
        bound. */
-    if (pending_worth_waiting(h, cls))
+    if (gsi_heap_pending_worth_waiting(h, cls))
         while ((s = waiting_ready(h, cls, true))) {
             if (slab_refill(s))
                 goto got;

@@ -619,6 +619,10 @@ void gsi_pending_sweeps_quiesce(void);
    deferrals), waits for a grace period and sweeps (outside a reader only);
    true if that made memory reusable (the orphan list may have slabs). */
 bool gsi_pending_reclaim_class(unsigned cls);
+/* Owner: does h hold enough slabs of class cls waiting for a grace period
+   (GRACESLAB_PENDING_EXPEDITE_KB) that refill waits for one rather than
+   map a new slab, and gs_free_rcu adopts no more? */
+bool gsi_heap_pending_worth_waiting(struct gs_heap *h, unsigned cls);
 /* GRACESLAB_PENDING_EXPEDITE_KB in bytes: the pending memory past which an
    allocation waits for a grace period rather than map more. */
 GS_INLINE size_t gsi_pending_expedite_bytes(void)
