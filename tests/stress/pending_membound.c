@@ -83,6 +83,9 @@ static void *reader(void *arg)
     return NULL;
 }
 
+/* The highest mapped_bytes the monitor saw (each test is a process). */
+static size_t max_mapped;
+
 static void *monitor(void *arg)
 {
     size_t *max_pending = arg;
@@ -91,6 +94,8 @@ static void *monitor(void *arg)
         gs_stats_get(&st);
         if (st.pending_bytes > *max_pending)
             *max_pending = st.pending_bytes;
+        if (st.mapped_bytes > max_mapped)
+            max_mapped = st.mapped_bytes;
         gst_sleep_ms(2);
     }
     return NULL;
@@ -327,16 +332,19 @@ Test(pending_membound, large_blocks_inside_read_sections, .timeout = 900)
 static struct obj *ring[RING];
 static _Atomic unsigned long ring_head, ring_tail;
 
-static void *producer_in_reader(void *arg)
+/* Allocates the objects the consumer takes; arg non-NULL: each inside a
+   read-side section. */
+static void *producer(void *arg)
 {
-    (void)arg;
     for (uint64_t key = 1; key <= target; key++) {
         unsigned long h = atomic_load_explicit(&ring_head, memory_order_relaxed);
         while (h - atomic_load_explicit(&ring_tail, memory_order_acquire) >= RING)
             sched_yield();
-        gs_rcu_read_lock();
+        if (arg)
+            gs_rcu_read_lock();
         struct obj *o = make(key);
-        gs_rcu_read_unlock();
+        if (arg)
+            gs_rcu_read_unlock();
         ring[h % RING] = o;
         /* Release: the object's contents before the consumer sees it. */
         atomic_store_explicit(&ring_head, h + 1, memory_order_release);
@@ -374,7 +382,7 @@ Test(pending_membound, producer_inside_read_sections, .timeout = 900)
     t0 = gst_now_s();
     cr_assert_eq(pthread_create(&m, NULL, monitor, &max_pending), 0);
     cr_assert_eq(pthread_create(&c, NULL, consumer_defers, NULL), 0);
-    cr_assert_eq(pthread_create(&p, NULL, producer_in_reader, NULL), 0);
+    cr_assert_eq(pthread_create(&p, NULL, producer, (void *)1), 0);
     pthread_join(p, NULL);
     pthread_join(c, NULL);
     atomic_store(&stop_all, true);
@@ -396,21 +404,6 @@ Test(pending_membound, producer_inside_read_sections, .timeout = 900)
 }
 
 /* ---- the consumer also allocates a little of the same class ------------ */
-
-static void *producer_plain(void *arg)
-{
-    (void)arg;
-    for (uint64_t key = 1; key <= target; key++) {
-        unsigned long h = atomic_load_explicit(&ring_head, memory_order_relaxed);
-        while (h - atomic_load_explicit(&ring_tail, memory_order_acquire) >= RING)
-            sched_yield();
-        struct obj *o = make(key);
-        ring[h % RING] = o;
-        /* Release: the object's contents before the consumer sees it. */
-        atomic_store_explicit(&ring_head, h + 1, memory_order_release);
-    }
-    return NULL;
-}
 
 /* Defers what the producer allocated, and keeps one object of the same
    class of its own, replaced every 100,000 frees: it has an active slab
@@ -437,19 +430,6 @@ static void *consumer_defers_allocates_little(void *arg)
     return NULL;
 }
 
-static void *monitor_mapped(void *arg)
-{
-    size_t *max_mapped = arg;
-    while (!atomic_load_explicit(&stop_all, memory_order_relaxed)) {
-        struct gs_stats st;
-        gs_stats_get(&st);
-        if (st.mapped_bytes > *max_mapped)
-            *max_mapped = st.mapped_bytes;
-        gst_sleep_ms(2);
-    }
-    return NULL;
-}
-
 /* The consumer used to adopt every full slab it deferred into (it has an
    active slab of the class), so they waited on its lists for refills that
    hardly ever came, full of reclaimable objects, while the producer mapped
@@ -459,16 +439,16 @@ Test(pending_membound, consumer_allocating_a_little, .timeout = 900)
 {
     int cpus = gsp_limit_cpus(2);
     target = gsp_updates(10000000);
-    size_t max_mapped = 0;
+    size_t max_pending = 0;
     struct gs_stats st;
     gs_reclaim(SIZE_MAX);
     gs_stats_get(&st);
     size_t mapped0 = st.mapped_bytes;
     pthread_t p, c, m;
     t0 = gst_now_s();
-    cr_assert_eq(pthread_create(&m, NULL, monitor_mapped, &max_mapped), 0);
+    cr_assert_eq(pthread_create(&m, NULL, monitor, &max_pending), 0);
     cr_assert_eq(pthread_create(&c, NULL, consumer_defers_allocates_little, NULL), 0);
-    cr_assert_eq(pthread_create(&p, NULL, producer_plain, NULL), 0);
+    cr_assert_eq(pthread_create(&p, NULL, producer, NULL), 0);
     pthread_join(p, NULL);
     pthread_join(c, NULL);
     atomic_store(&stop_all, true);
