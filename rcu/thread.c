@@ -151,9 +151,11 @@ static void atfork_child(void)
     registry_head = NULL;
     if (self->registered)
         link_locked(self);
-    /* Membarrier registration is per mm: redo it. Only one thread exists,
+    /* Membarrier registration is per mm: redo it (if the engine was set
+       up: the handlers exist from load time on). Only one thread exists,
        so falling back to fences here cannot race with a reader. */
-    if (!gsi_rcu_fences && !membarrier_register())
+    if (atomic_load_explicit(&init_done, memory_order_relaxed) && !gsi_rcu_fences &&
+        !membarrier_register())
         gsi_rcu_fences = true;
     /* The other threads' anonymous sections are gone with them; this
        thread holds one share if it forked inside an anonymous section
@@ -169,14 +171,39 @@ static void atfork_child(void)
     gsi_rcu_signals_restore(&saved);
 }
 
+/* The fork handlers are registered when the library is loaded, before the
+   program can start a thread, not at the engine's first use: glibc runs in
+   a child only the handlers that existed when fork began its prepare
+   phase (it lets go of its handler lock while it runs them). A thread
+   whose first read lock registered them during another thread's fork
+   then linked its record with no prepare handler holding the registry,
+   and in the child, whose handler did not run either, every grace period
+   waited for that vanished reader (found in the thirteenth session: 1 in
+   300 fresh processes that fork as their threads start; test
+   stress/rcu_fork_init, case first_read_during_fork). The call in
+   init_once_fn covers a copy loaded with dlopen() after threads exist. */
+static atomic_bool atfork_registered;
+
+static void register_atfork(void)
+{
+    if (atomic_exchange_explicit(&atfork_registered, true, memory_order_relaxed))
+        return;
+    if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0)
+        gsi_fatal_msg("gs_rcu_register_thread", "pthread_atfork failed");
+}
+
+__attribute__((constructor)) static void register_atfork_at_load(void)
+{
+    register_atfork();
+}
+
 static void init_once_fn(void)
 {
     gsi_rcu_fences = GS_RCU_TSAN || gsi_option(GSI_OPT_RCU_FENCES) != 0 ||
                      !membarrier_register();
     if (pthread_key_create(&exit_key, thread_exit) != 0)
         gsi_fatal_msg("gs_rcu_register_thread", "pthread_key_create failed");
-    if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0)
-        gsi_fatal_msg("gs_rcu_register_thread", "pthread_atfork failed");
+    register_atfork();
     /* Release: pairs with the acquire load in gsi_rcu_init(); a thread that
        sees the flag sees the mode and the key. */
     atomic_store_explicit(&init_done, true, memory_order_release);
