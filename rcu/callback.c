@@ -463,7 +463,7 @@ void gsi_rcu_cb_atfork_child(void)
     if (atomic_load_explicit(&cb_inflight_reclaim, memory_order_relaxed))
         atomic_store_explicit(&cb_reclaim, 1, memory_order_relaxed);
     atomic_store_explicit(&cb_inflight_reclaim, 0, memory_order_relaxed);
-    pthread_mutex_init(&cb_take_mutex, NULL);
+    pthread_mutex_unlock(&cb_take_mutex); /* taken by this thread in prepare */
     atomic_store_explicit(&cb_thread_state, THREAD_NONE, memory_order_relaxed);
     atomic_store_explicit(&cb_sleeping, AWAKE, memory_order_relaxed);
     on_lazy_thread = false;

@@ -147,7 +147,10 @@ static void atfork_child(void)
     sigset_t saved;
     gsi_rcu_signals_block(&saved);
     /* Only this thread survives: drop every other record. */
-    pthread_mutex_init(&registry_mutex, NULL);
+    /* Locked by this thread in atfork_prepare (the handlers exist from
+       load time on, so every fork that runs this ran that): unlock, which
+       also keeps ThreadSanitizer's view of the mutex right. */
+    pthread_mutex_unlock(&registry_mutex);
     registry_head = NULL;
     if (self->registered)
         link_locked(self);
