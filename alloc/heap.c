@@ -29,6 +29,50 @@
    idle threads from holding much memory. */
 #define HEAP_EMPTY_KEEP ((size_t)gsi_option(GSI_OPT_HEAP_EMPTY_KB) << 10)
 
+/* Beyond that, a heap may keep more empty slabs from a budget all heaps
+   share (GRACESLAB_HEAP_SHARED_KEEP_MB, 16 MiB): a thread that frees and
+   allocates again a batch larger than 2 MiB then skips the segment lock
+   for most of it, while the total kept stays bounded however many threads
+   there are. The budget is part of the process's empty-slab cache
+   (GRACESLAB_EMPTY_CACHE_MB, 32 MiB): slabs kept here and empty slots kept
+   committed in the segments add up to at most that (give or take a slab
+   each way: the two counts are not updated under one lock), so memory
+   that stays committed after a program frees everything does not grow.
+   A heap whose own keep is 0 keeps nothing. Relaxed: byte counts that
+   bound memory; no data is published through them. */
+static _Atomic size_t shared_keep_bytes;
+
+size_t gsi_heap_shared_kept_bytes(void)
+{
+    return atomic_load_explicit(&shared_keep_bytes, memory_order_relaxed);
+}
+
+static bool shared_keep_take(size_t bytes)
+{
+    size_t cap = (size_t)gsi_option(GSI_OPT_HEAP_SHARED_KEEP_MB) << 20;
+    size_t cache = (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20;
+    size_t cur = atomic_load_explicit(&shared_keep_bytes, memory_order_relaxed);
+    do {
+        if (cur + bytes > cap || gsi_segments_dirty_bytes() + cur + bytes > cache)
+            return false;
+    } while (!atomic_compare_exchange_weak_explicit(&shared_keep_bytes, &cur, cur + bytes,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    return true;
+}
+
+/* s stops being a kept empty slab: its bytes leave whichever count had
+   them (h: its heap, NULL when that count is being reset anyway). */
+static void keep_drop(struct gs_heap *h, struct gs_slab *s)
+{
+    size_t bytes = (size_t)s->span * GS_SLOT_SIZE;
+    if (s->kept_shared)
+        atomic_fetch_sub_explicit(&shared_keep_bytes, bytes, memory_order_relaxed);
+    else if (h)
+        h->empty_bytes -= bytes;
+    s->kept_empty = false;
+    s->kept_shared = false;
+}
+
 struct gs_slab gsi_empty_slab = {.free_head = GS_LINK_END, .kind = GS_SLAB_UNUSED};
 struct gs_heap gsi_empty_heap = {.direct = {[0 ... GS_DIRECT_ENTRIES - 1] = &gsi_empty_slab},
                                   .active = {[0 ... GS_NCLASSES - 1] = &gsi_empty_slab},
@@ -116,10 +160,8 @@ static void heap_set_active(struct gs_heap *h, unsigned cls, struct gs_slab *s)
 
 static void unlink_owned(struct gs_heap *h, struct gs_slab *s)
 {
-    if (s->kept_empty) {
-        s->kept_empty = false;
-        h->empty_bytes -= (size_t)s->span * GS_SLOT_SIZE;
-    }
+    if (s->kept_empty)
+        keep_drop(h, s);
     if (s->where == GS_IN_PARTIAL)
         gsi_heap_list_remove(&h->partial[s->cls], s);
     else if (s->where == GS_IN_WAITING)
@@ -577,12 +619,15 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
     }
     if (gsi_slab_has_pending(s) || s->kept_empty)
         return;
-    size_t bytes = (size_t)s->span * GS_SLOT_SIZE;
-    if (h->empty_bytes + bytes <= HEAP_EMPTY_KEEP && h->live) {
+    size_t bytes = (size_t)s->span * GS_SLOT_SIZE, keep = HEAP_EMPTY_KEEP;
+    bool own = h->empty_bytes + bytes <= keep;
+    if (h->live && keep && (own || shared_keep_take(bytes))) {
         unlink_owned(h, s);
         /* Kept at the tail: partly used slabs are refilled first. */
         s->kept_empty = true;
-        h->empty_bytes += bytes;
+        s->kept_shared = !own;
+        if (own)
+            h->empty_bytes += bytes;
         s->where = GS_IN_PARTIAL;
         list_append(&h->partial[s->cls], s);
         return;
@@ -792,7 +837,8 @@ static void rescue_unlisted_slabs(void)
             heap_by_id(GS_X_OWNER(atomic_load_explicit(&s->xstate, memory_order_relaxed)));
         s->where = GS_IN_NONE;
         s->prev = NULL;        /* a stale link of a list the child forgot */
-        s->kept_empty = false; /* not counted in any heap's empty_bytes now */
+        if (s->kept_empty) /* its lost heap's count was reset; the shared one was not */
+            keep_drop(NULL, s);
         repair_torn_slab(s); /* every slab here is a lost heap's */
         gsi_slab_collect(s);
         s->used = gsi_slab_recount(s); /* whatever charge it had */

@@ -174,7 +174,9 @@ struct gs_slab {
     uint32_t bump;           /* objects [bump, capacity) never linked yet */
     uint8_t where;           /* enum gs_slab_where: which heap list */
     bool kept_empty;         /* empty, kept on the partial list for reuse
-                                (counted in heap->empty_bytes) */
+                                (counted in heap->empty_bytes, or if
+                                kept_shared in the shared keep budget) */
+    bool kept_shared;        /* kept_empty, charged to the shared budget */
     bool typesafe;           /* of a GS_CACHE_TYPESAFE_BY_RCU cache: its
                                 freed objects stay readable (memcheck) */
     struct gs_slab *next, *prev; /* heap partial/waiting list (owner) */
@@ -404,6 +406,8 @@ void gsi_fastmap_large(const void *left, const void *joined);
 /* Copies up to max live segments to out (tests); returns how many live. */
 size_t gsi_segments_list(struct gs_segment **out, size_t max);
 size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */
+size_t gsi_segments_dirty_bytes(void);  /* bytes of unused slots still committed */
+size_t gsi_heap_shared_kept_bytes(void); /* empty slabs heaps keep from the shared budget */
 
 /* The fast map: the free fast path's way from a pointer to its slab
    metadata, one load and no branch. One entry per 64 KiB slot of address

@@ -8,7 +8,8 @@
  * | GRACESLAB_STATS                 | 0       | 1: print a statistics summary at exit     |
  * | GRACESLAB_PURGE_DELAY_MS        | 100     | empty slabs kept this long before madvise  |
  * | GRACESLAB_EMPTY_CACHE_MB        | 32      | empty slabs kept (bytes) before immediate madvise |
- * | GRACESLAB_HEAP_EMPTY_KB         | 2048    | empty slabs a thread heap keeps for reuse  |
+ * | GRACESLAB_HEAP_EMPTY_KB         | 2048    | empty slabs a thread heap keeps for reuse (0: none) |
+ * | GRACESLAB_HEAP_SHARED_KEEP_MB   | 16      | more empty slabs heaps may keep, all heaps together |
  * | GRACESLAB_LARGE_CACHE_MB        | 64      | freed large blocks kept for reuse, and slack of reused ones (bytes) |
  * | GRACESLAB_RCU_LAZY_MS           | 1000    | lazy call_rcu / pending-reclaim timeout   |
  * | GRACESLAB_RCU_LAZY_BATCH        | 10000   | lazy callbacks queued before a GP starts  |
@@ -36,6 +37,7 @@ static const struct option_def option_defs[GSI_OPT_COUNT] = {
     [GSI_OPT_PURGE_DELAY_MS] = {"GRACESLAB_PURGE_DELAY_MS", 100},
     [GSI_OPT_EMPTY_CACHE_MB] = {"GRACESLAB_EMPTY_CACHE_MB", 32},
     [GSI_OPT_HEAP_EMPTY_KB] = {"GRACESLAB_HEAP_EMPTY_KB", 2048},
+    [GSI_OPT_HEAP_SHARED_KEEP_MB] = {"GRACESLAB_HEAP_SHARED_KEEP_MB", 16},
     [GSI_OPT_LARGE_CACHE_MB] = {"GRACESLAB_LARGE_CACHE_MB", 64},
     [GSI_OPT_RCU_LAZY_MS] = {"GRACESLAB_RCU_LAZY_MS", 1000},
     [GSI_OPT_RCU_LAZY_BATCH] = {"GRACESLAB_RCU_LAZY_BATCH", 10000},

@@ -750,11 +750,17 @@ GS_EXPORT size_t gs_reclaim(size_t bytes)
 bool gsi_oom_reclaim(void)
 {
     size_t freed;
-    if (gsi_tls_mine != &gsi_empty_heap)
+    if (gsi_tls_mine != &gsi_empty_heap) {
         gsi_remote_flush(gsi_tls_mine);
+        /* The empty slabs this heap keeps for reuse: into their segments,
+           decommitted by the purge below. (Other heaps' are theirs.) */
+        freed = gsi_heap_trim(gsi_tls_mine);
+    } else {
+        freed = 0;
+    }
     if (!gsi_rcu_in_reader())
         gsi_gp_wait(gsi_gp_cookie());
-    freed = gsi_pending_sweep(NULL);
+    freed += gsi_pending_sweep(NULL);
     freed += gsi_segments_purge(true);
     freed += gsi_large_trim(true);
     return freed > 0;

@@ -325,6 +325,7 @@ static struct gs_slab *reuse_ready_locked(struct gs_slab *s)
     s->orphan_next = s->orphan_prev = NULL;
     s->orphaned = false;
     s->kept_empty = false;
+    s->kept_shared = false;
     s->cache = NULL;
     s->typesafe = false;
     s->wait_cookie = 0;
@@ -406,7 +407,8 @@ void gsi_slab_retire(struct gs_slab *s)
     seg->free_slots |= mask;
     seg->dirty_slots |= mask;
     __atomic_store_n(&dirty_bytes, dirty_bytes + (size_t)s->span * GS_SLOT_SIZE, __ATOMIC_RELAXED);
-    if (dirty_bytes > (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20) {
+    /* The heaps' shared keep is part of the same cache (heap.c). */
+    if (dirty_bytes + gsi_heap_shared_kept_bytes() > (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20) {
         decommit_locked(seg, mask);
     } else if (s->free_head != GS_LINK_END) {
         /* Empty (used == 0, nothing pending or remote): every object it
@@ -418,6 +420,11 @@ void gsi_slab_retire(struct gs_slab *s)
     if (now - last_purge_ns > (uint64_t)gsi_option(GSI_OPT_PURGE_DELAY_MS) * 1000000ull)
         purge_locked(false, now);
     pthread_mutex_unlock(&segment_lock);
+}
+
+size_t gsi_segments_dirty_bytes(void)
+{
+    return __atomic_load_n(&dirty_bytes, __ATOMIC_RELAXED);
 }
 
 void gsi_segments_foreach(void (*fn)(struct gs_slab *, void *), void *arg)

@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <limits.h>
+#include <malloc.h>
 #include <sys/mman.h>
 
 static void run_thread(void *(*fn)(void *), void *arg)
@@ -165,10 +166,12 @@ Test(heap, refill_adopts_orphans)
 }
 
 /* An empty slab that is not the active one is kept for reuse only within
-   the heap's bound (2 MiB, counted in empty_bytes) and retired beyond it;
+   the heap's bound (2 MiB, counted in empty_bytes; the shared budget is
+   off here, see shared_keep_bounded_for_all_heaps) and retired beyond it;
    the active one is kept (no map/unmap per malloc/free pair). */
 Test(heap, empty_slabs_retired_active_kept)
 {
+    gsi_option_set(GSI_OPT_HEAP_SHARED_KEEP_MB, 0);
     enum { N = 5000 };
     static void *p[N];
     unsigned cls = gsi_size_class(700);
@@ -198,6 +201,66 @@ Test(heap, empty_slabs_retired_active_kept)
     void *q = malloc(700);
     cr_assert_eq(gsi_slab_of(q), active);
     free(q);
+}
+
+/* Empty slabs of class 700 B the calling heap keeps: bytes kept within its
+   own bound and bytes charged to the shared budget. */
+struct kept { size_t own, shared; };
+
+static struct kept kept_of_class(unsigned cls)
+{
+    struct kept k = {0, 0};
+    for (struct gs_slab *s = gsi_tls_heap->partial[cls].first; s; s = s->next)
+        if (s->used == 0) {
+            cr_assert(s->kept_empty, "empty slab on the partial list not counted as kept");
+            size_t bytes = (size_t)s->span * GS_SLOT_SIZE;
+            *(s->kept_shared ? &k.shared : &k.own) += bytes;
+        }
+    return k;
+}
+
+/* 20,000 blocks of 700 B fill about 215 slabs (13 MiB), then all are freed. */
+static struct kept churn_700(void)
+{
+    enum { N = 20000 };
+    static __thread void *p[N];
+    for (int i = 0; i < N; i++)
+        p[i] = malloc(700);
+    for (int i = 0; i < N; i++)
+        free(p[i]);
+    return kept_of_class(gsi_size_class(700));
+}
+
+static void *churn_thread(void *arg)
+{
+    *(struct kept *)arg = churn_700();
+    return NULL;
+}
+
+/* Beyond its own 2 MiB, a heap keeps empty slabs from a budget all heaps
+   share (here 4 MiB) and retires the rest. While one heap holds the whole
+   budget another keeps only its own 2 MiB; malloc_trim gives the kept
+   slabs back, and the budget with them. */
+Test(heap, shared_keep_bounded_for_all_heaps)
+{
+    gsi_option_set(GSI_OPT_HEAP_SHARED_KEEP_MB, 4);
+    struct kept k = churn_700();
+    cr_assert_leq(k.own, gsi_tls_heap->empty_bytes);
+    cr_assert_leq(gsi_tls_heap->empty_bytes, (size_t)2 << 20);
+    cr_assert_gt(k.shared, (size_t)3 << 20, "only %zu bytes kept from the shared budget", k.shared);
+    cr_assert_leq(k.shared, (size_t)4 << 20);
+
+    struct kept other;
+    run_thread(churn_thread, &other);
+    cr_assert_eq(other.shared, 0, "a second heap kept %zu bytes past an exhausted budget",
+                 other.shared);
+    cr_assert_gt(other.own, 0, "the second heap kept nothing of its own");
+
+    malloc_trim(0);
+    k = kept_of_class(gsi_size_class(700));
+    cr_assert_eq(k.own + k.shared, 0, "malloc_trim left %zu bytes kept", k.own + k.shared);
+    run_thread(churn_thread, &other);
+    cr_assert_gt(other.shared, (size_t)3 << 20, "the budget did not come back after trim");
 }
 
 /* The active slab does not count mallocs (advance charge); when it stops
