@@ -65,12 +65,20 @@ static bool shared_keep_take(size_t bytes)
 static void keep_drop(struct gs_heap *h, struct gs_slab *s)
 {
     size_t bytes = (size_t)s->span * GS_SLOT_SIZE;
-    if (s->kept_shared)
+    bool shared = s->kept_shared;
+    /* The flags first: a fork child that finds them still set (its owner
+       stopped in between) drops the slab again, and a second subtraction
+       would wrap the shared count; this way it can at worst leave one
+       slab's worth counted. */
+    s->kept_empty = false;
+    s->kept_shared = false;
+    /* Compiler barrier: the child sees this thread's stores in the order
+       it executed them, and the compiler must keep that order. */
+    atomic_signal_fence(memory_order_seq_cst);
+    if (shared)
         atomic_fetch_sub_explicit(&shared_keep_bytes, bytes, memory_order_relaxed);
     else if (h)
         h->empty_bytes -= bytes;
-    s->kept_empty = false;
-    s->kept_shared = false;
 }
 
 struct gs_slab gsi_empty_slab = {.free_head = GS_LINK_END, .kind = GS_SLAB_UNUSED};
@@ -107,9 +115,9 @@ static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread bool in_init;
 
 static void heap_abandon(struct gs_heap *h);
-static void atfork_prepare(void);
-static void atfork_parent(void);
-static void atfork_child(void);
+static void fork_prepare(void);
+static void fork_parent(void);
+static void fork_child(void);
 
 /* ------------------------------------------------------------------ lists */
 
@@ -310,7 +318,7 @@ void gsi_heap_init_once(void)
         for (unsigned c = 0; c < GS_NCLASSES; c++)
             pthread_mutex_init(&orphans[c].lock, NULL);
         key_ready = pthread_key_create(&heap_key, thread_exit) == 0;
-        pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+        pthread_atfork(fork_prepare, fork_parent, fork_child);
         in_init = false;
         /* Release pairs with the acquire load above: classes and locks are
            ready before any thread skips this function. */
@@ -947,4 +955,40 @@ static void atfork_child(void)
     for (struct gs_heap *h = heap_all; h; h = h->next_all)
         h->lost = false;
     gsi_pending_fork_done();
+}
+
+/* The allocator's and the RCU engine's fork handlers as one triple, so
+   that their locks are taken in one order whichever registered first: the
+   allocator's first, then the engine's (cb_take_mutex, the registry lock),
+   released in reverse. The other order deadlocks: a dedicated cache's
+   refill holds its cache lock while it nudges the grace-period engine,
+   which takes the registry lock, while a fork holding the registry lock
+   waits for that cache lock (found in the thirteenth session's review,
+   with a library whose constructor allocated before graceslab's own ran:
+   then the engine's handlers had registered last and ran first; test
+   stress/fork_early_malloc). Registered once, by gsi_heap_init_once,
+   which runs at load time (below) or at the first allocation, whichever
+   comes first, and so before the program can start a thread: glibc runs
+   in a fork child only the handlers that existed when the fork began. */
+static void fork_prepare(void)
+{
+    atfork_prepare();
+    gsi_rcu_atfork_prepare();
+}
+
+static void fork_parent(void)
+{
+    gsi_rcu_atfork_parent();
+    atfork_parent();
+}
+
+static void fork_child(void)
+{
+    gsi_rcu_atfork_child();
+    atfork_child();
+}
+
+__attribute__((constructor)) static void init_at_load(void)
+{
+    gsi_heap_init_once();
 }

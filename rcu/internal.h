@@ -76,4 +76,13 @@ void gsi_rcu_thread_exiting(void);
 uint64_t gsi_gp_started(void);
 uint64_t gsi_gp_completed(void);
 
+/* The engine's fork handlers, run inside the allocator's, which registers
+   the two sets as one (alloc/heap.c: the order matters). */
+void gsi_rcu_atfork_prepare(void);
+void gsi_rcu_atfork_parent(void);
+void gsi_rcu_atfork_child(void);
+/* The allocator's one-time init (alloc/heap.c), which registers those
+   handlers: the engine's own init calls it. */
+void gsi_heap_init_once(void);
+
 #endif /* GS_RCU_INTERNAL_H */

@@ -125,7 +125,10 @@ static void thread_exit(void *arg)
     pthread_mutex_unlock(&registry_mutex);
 }
 
-static void atfork_prepare(void)
+/* Fork handlers: registered by the allocator, in one triple with its own
+   (gsi_fork_handlers_register in alloc/heap.c: the order of the two sets
+   matters). */
+void gsi_rcu_atfork_prepare(void)
 {
     /* The lazy thread takes cb_take_mutex alone, never with the registry
        lock: no order between the two. */
@@ -133,13 +136,13 @@ static void atfork_prepare(void)
     pthread_mutex_lock(&registry_mutex);
 }
 
-static void atfork_parent(void)
+void gsi_rcu_atfork_parent(void)
 {
     pthread_mutex_unlock(&registry_mutex);
     gsi_rcu_cb_atfork_parent();
 }
 
-static void atfork_child(void)
+void gsi_rcu_atfork_child(void)
 {
     struct gsi_rcu_reader *self = &gsi_rcu_self;
     /* A handler's first lock between the reset of the list and the re-link
@@ -174,39 +177,17 @@ static void atfork_child(void)
     gsi_rcu_signals_restore(&saved);
 }
 
-/* The fork handlers are registered when the library is loaded, before the
-   program can start a thread, not at the engine's first use: glibc runs in
-   a child only the handlers that existed when fork began its prepare
-   phase (it lets go of its handler lock while it runs them). A thread
-   whose first read lock registered them during another thread's fork
-   then linked its record with no prepare handler holding the registry,
-   and in the child, whose handler did not run either, every grace period
-   waited for that vanished reader (found in the thirteenth session: 1 in
-   300 fresh processes that fork as their threads start; test
-   stress/rcu_fork_init, case first_read_during_fork). The call in
-   init_once_fn covers a copy loaded with dlopen() after threads exist. */
-static atomic_bool atfork_registered;
-
-static void register_atfork(void)
-{
-    if (atomic_exchange_explicit(&atfork_registered, true, memory_order_relaxed))
-        return;
-    if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0)
-        gsi_fatal_msg("gs_rcu_register_thread", "pthread_atfork failed");
-}
-
-__attribute__((constructor)) static void register_atfork_at_load(void)
-{
-    register_atfork();
-}
-
 static void init_once_fn(void)
 {
+    /* The fork handlers (the allocator registers them, with the engine's,
+       at load time or at the first allocation, whichever comes first; this
+       covers a program that uses only the engine and a copy loaded with
+       dlopen). */
+    gsi_heap_init_once();
     gsi_rcu_fences = GS_RCU_TSAN || gsi_option(GSI_OPT_RCU_FENCES) != 0 ||
                      !membarrier_register();
     if (pthread_key_create(&exit_key, thread_exit) != 0)
         gsi_fatal_msg("gs_rcu_register_thread", "pthread_key_create failed");
-    register_atfork();
     /* Release: pairs with the acquire load in gsi_rcu_init(); a thread that
        sees the flag sees the mode and the key. */
     atomic_store_explicit(&init_done, true, memory_order_release);
