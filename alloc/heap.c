@@ -915,15 +915,19 @@ static void atfork_parent(void)
 
 static void atfork_child(void)
 {
+    /* Every lock below was taken by this thread in atfork_prepare: unlock
+       (re-initialising a locked mutex also works, but ThreadSanitizer then
+       takes it for locked still, and reports the next fork's lock as a
+       double lock). */
     for (struct gs_cache_lock *l = cache_locks; l; l = l->next)
-        pthread_mutex_init(&l->mutex, NULL);
-    pthread_mutex_init(&cache_locks_lock, NULL);
+        pthread_mutex_unlock(&l->mutex);
+    pthread_mutex_unlock(&cache_locks_lock);
     gsi_vg_atfork_child();
     gsi_large_atfork_child();
     gsi_segments_atfork_child();
     for (unsigned c = 0; c < GS_NCLASSES; c++)
-        pthread_mutex_init(&orphans[c].lock, NULL);
-    pthread_mutex_init(&heap_lock, NULL);
+        pthread_mutex_unlock(&orphans[c].lock);
+    pthread_mutex_unlock(&heap_lock);
     /* The other threads are gone: their heaps have no thread any more.
        Abandon them so their free objects can be adopted.
        Their lists are forgotten, not walked. A lost thread was running

@@ -48,7 +48,7 @@ static void cache_account(ptrdiff_t bytes, int count)
 
 void gsi_large_atfork_prepare(void) { pthread_mutex_lock(&large_lock); }
 void gsi_large_atfork_parent(void) { pthread_mutex_unlock(&large_lock); }
-void gsi_large_atfork_child(void) { pthread_mutex_init(&large_lock, NULL); }
+void gsi_large_atfork_child(void) { pthread_mutex_unlock(&large_lock); } /* taken in prepare */
 
 size_t gsi_large_cached_bytes(void)
 {

@@ -49,7 +49,7 @@ void gsi_segments_unlock(void) { pthread_mutex_unlock(&segment_lock); }
 
 void gsi_segments_atfork_child(void)
 {
-    pthread_mutex_init(&segment_lock, NULL);
+    pthread_mutex_unlock(&segment_lock); /* taken by this thread in prepare */
 }
 
 static uint64_t run_mask(unsigned first, unsigned n)

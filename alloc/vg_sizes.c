@@ -40,7 +40,7 @@ static size_t used;     /* live entries plus tombstones */
 
 void gsi_vg_atfork_prepare(void) { pthread_mutex_lock(&table_lock); }
 void gsi_vg_atfork_parent(void) { pthread_mutex_unlock(&table_lock); }
-void gsi_vg_atfork_child(void) { pthread_mutex_init(&table_lock, NULL); }
+void gsi_vg_atfork_child(void) { pthread_mutex_unlock(&table_lock); } /* taken in prepare */
 
 static size_t slot_of(uintptr_t block, size_t cap)
 {
