@@ -21,6 +21,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <sys/single_threaded.h>
 
 #define EXTEND_BATCH 256 /* never-used objects linked per refill */
 /* Empty slabs a heap keeps for reuse instead of returning them to their
@@ -974,20 +975,48 @@ static void atfork_child(void)
    which runs at load time (below) or at the first allocation, whichever
    comes first, and so before the program can start a thread: glibc runs
    in a fork child only the handlers that existed when the fork began. */
+/*
+ * A process that never started a thread (glibc's __libc_single_threaded)
+ * forks without them, as glibc forks without its own malloc's locks then:
+ * fork is async-signal-safe there, and a signal handler that forks may have
+ * interrupted this very thread inside the allocator, holding the lock
+ * prepare would wait for (found with a glibc tst-mallocfork2-style test:
+ * a handler's fork hung at once on segment_lock, held by the slab
+ * formatting it interrupted). With one thread no other holds a lock or
+ * leaves an update half done, so there is nothing to take in prepare and
+ * nothing to repair in the child: the interrupted operation, if any, goes
+ * on in both processes when the handler returns. The child redoes only
+ * what belongs to the new process. Decided in prepare, for the other two
+ * (the child must not re-read the flag, which glibc may reset there).
+ * Relaxed: written and read by the forking thread; concurrent forks of a
+ * threaded process only ever store false.
+ */
+static _Atomic bool fork_alone;
+
 static void fork_prepare(void)
 {
+    bool alone = __libc_single_threaded;
+    atomic_store_explicit(&fork_alone, alone, memory_order_relaxed);
+    if (alone)
+        return;
     atfork_prepare();
     gsi_rcu_atfork_prepare();
 }
 
 static void fork_parent(void)
 {
+    if (atomic_load_explicit(&fork_alone, memory_order_relaxed))
+        return;
     gsi_rcu_atfork_parent();
     atfork_parent();
 }
 
 static void fork_child(void)
 {
+    if (atomic_load_explicit(&fork_alone, memory_order_relaxed)) {
+        gsi_rcu_atfork_child_alone();
+        return;
+    }
     gsi_rcu_atfork_child();
     atfork_child();
 }

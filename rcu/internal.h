@@ -81,6 +81,11 @@ uint64_t gsi_gp_completed(void);
 void gsi_rcu_atfork_prepare(void);
 void gsi_rcu_atfork_parent(void);
 void gsi_rcu_atfork_child(void);
+/* The child's part when the parent had one thread and the handlers took no
+   lock (alloc/heap.c, fork_prepare): only what belongs to the new process
+   (the membarrier registration), nothing the interrupted code may be
+   changing. */
+void gsi_rcu_atfork_child_alone(void);
 /* The allocator's one-time init (alloc/heap.c), which registers those
    handlers: the engine's own init calls it. */
 void gsi_heap_init_once(void);
