@@ -117,7 +117,7 @@ int main(void)
         return 1;
     }
     signal(SIGALRM, on_hang);
-    alarm(60);
+    alarm(180);
     struct sigaction sa = {.sa_handler = on_tick};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGVTALRM, &sa, NULL);
