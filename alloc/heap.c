@@ -993,12 +993,34 @@ static void atfork_child(void)
  */
 static _Atomic bool fork_alone;
 
+/*
+ * glibc's stdio list lock, taken before the allocator's locks. glibc's fork
+ * takes it itself, but only after every prepare handler has run, and then
+ * its own malloc's locks: "this needs to come last because [...] the libio
+ * list lock has an indirect malloc dependency (via getdelim)". A thread in
+ * fflush(NULL) holds the list lock and waits for each stream's lock; a
+ * thread in getline holds its stream's lock and mallocs. Had prepare taken
+ * the allocator's locks first, fork would wait for the list lock, the
+ * flush for the stream, and getline's malloc for the allocator's locks held
+ * by fork: a deadlock (glibc's tst-malloc-fork-deadlock scenario; jemalloc
+ * and tcmalloc hang there too). Taken first, the order is glibc's: list
+ * lock, then allocator. The lock is recursive (fork's own take nests
+ * inside ours); in the parent glibc releases its take before the parent
+ * handlers run, so fork_parent releases ours; in the child glibc
+ * re-initialises it before the child handlers run (glibc 2.34+: both when
+ * __libc_single_threaded is false, the same test as fork_alone's). Exported
+ * by libc.so.6 (GLIBC_2.2.5) but declared in no public header.
+ */
+extern void _IO_list_lock(void);
+extern void _IO_list_unlock(void);
+
 static void fork_prepare(void)
 {
     bool alone = __libc_single_threaded;
     atomic_store_explicit(&fork_alone, alone, memory_order_relaxed);
     if (alone)
         return;
+    _IO_list_lock();
     atfork_prepare();
     gsi_rcu_atfork_prepare();
 }
@@ -1009,6 +1031,7 @@ static void fork_parent(void)
         return;
     gsi_rcu_atfork_parent();
     atfork_parent();
+    _IO_list_unlock();
 }
 
 static void fork_child(void)
