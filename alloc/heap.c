@@ -962,19 +962,6 @@ static void atfork_child(void)
     gsi_pending_fork_done();
 }
 
-/* The allocator's and the RCU engine's fork handlers as one triple, so
-   that their locks are taken in one order whichever registered first: the
-   allocator's first, then the engine's (cb_take_mutex, the registry lock),
-   released in reverse. The other order deadlocks: a dedicated cache's
-   refill holds its cache lock while it nudges the grace-period engine,
-   which takes the registry lock, while a fork holding the registry lock
-   waits for that cache lock (found in the thirteenth session's review,
-   with a library whose constructor allocated before graceslab's own ran:
-   then the engine's handlers had registered last and ran first; test
-   stress/fork_early_malloc). Registered once, by gsi_heap_init_once,
-   which runs at load time (below) or at the first allocation, whichever
-   comes first, and so before the program can start a thread: glibc runs
-   in a fork child only the handlers that existed when the fork began. */
 /*
  * A process that never started a thread (glibc's __libc_single_threaded)
  * forks without them, as glibc forks without its own malloc's locks then:
@@ -1013,6 +1000,22 @@ static _Atomic bool fork_alone;
  */
 extern void _IO_list_lock(void);
 extern void _IO_list_unlock(void);
+
+/* The allocator's and the RCU engine's fork handlers as one triple, so
+   that their locks are taken in one order whichever registered first: the
+   allocator's first, then the engine's (cb_take_mutex, the registry lock),
+   released in reverse. The other order deadlocks: a dedicated cache's
+   refill holds its cache lock while it nudges the grace-period engine,
+   which takes the registry lock, while a fork holding the registry lock
+   waits for that cache lock (found in the thirteenth session's review,
+   with a library whose constructor allocated before graceslab's own ran:
+   then the engine's handlers had registered last and ran first; test
+   stress/fork_early_malloc). Registered once, by gsi_heap_init_once,
+   which runs at load time (below), at the first allocation or at the
+   first pthread_atfork of anyone (alloc/atfork.c), whichever comes first,
+   and so before the program can start a thread (glibc runs in a fork
+   child only the handlers that existed when the fork began) and before
+   any other fork handler. */
 
 static void fork_prepare(void)
 {

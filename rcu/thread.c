@@ -128,19 +128,15 @@ static void thread_exit(void *arg)
 /* Membarrier registration is per mm: a fork child redoes it (if the engine
    was set up: the handlers exist from load time on). Only one thread
    exists in the child, so falling back to fences here cannot race with a
-   reader. */
-static void membarrier_reregister(void)
+   reader. All a child of a process without threads needs; part of
+   gsi_rcu_atfork_child for the others. */
+void gsi_rcu_atfork_child_alone(void)
 {
     if (atomic_load_explicit(&init_done, memory_order_relaxed) && !gsi_rcu_fences &&
         !membarrier_register()) {
         gsi_rcu_fences = true;
         gsi_rcu_self.fast = false; /* the inlined read side follows (see below) */
     }
-}
-
-void gsi_rcu_atfork_child_alone(void)
-{
-    membarrier_reregister();
 }
 
 /* Fork handlers: registered by the allocator, in one triple with its own
@@ -175,7 +171,7 @@ void gsi_rcu_atfork_child(void)
     registry_head = NULL;
     if (self->registered)
         link_locked(self);
-    membarrier_reregister();
+    gsi_rcu_atfork_child_alone();
     /* The other threads' anonymous sections are gone with them; this
        thread holds one share if it forked inside an anonymous section
        (anon_lock/anon_unlock run with signals blocked, so a handler that
