@@ -229,15 +229,26 @@ free_port() {
 # malloc/free/realloc/calloc/malloc_usable_size resolve to graceslab (the
 # probe below checks it), only mallctl statistics stay jemalloc's.
 redis_work() {
-    local port pid i status round
-    port=$(free_port) || return 1
-    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-        --dir "$PWD" --dbfilename dump.rdb --logfile "$PWD/redis.log" \
-        --enable-debug-command local --lazyfree-lazy-user-del yes >/dev/null &
-    pid=$!
-    for i in $(seq 1 100); do
-        [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ] && break
-        sleep 0.1
+    local port pid i status round attempt
+    # The run beside this one (compare) starts a server too: should the
+    # kernel hand both the same free port, one server cannot bind it. So the
+    # server that answers must be this one (its process id), else another
+    # port is tried.
+    for attempt in 1 2 3 4 5; do
+        port=$(free_port) || return 1
+        redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+            --dir "$PWD" --dbfilename dump.rdb --logfile "$PWD/redis.log" \
+            --enable-debug-command local --lazyfree-lazy-user-del yes >/dev/null &
+        pid=$!
+        for i in $(seq 1 100); do
+            [ "$(redis-cli -p "$port" info server 2>/dev/null | tr -d '\r' |
+                 sed -n 's/^process_id://p')" = "$pid" ] && break 2
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+        echo "redis-server did not start on port $port (attempt $attempt)" >&2
     done
     redis_session "$port"
     # redis-benchmark: the test names it completed (its figures are
