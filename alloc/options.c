@@ -10,7 +10,7 @@
  * | GRACESLAB_EMPTY_CACHE_MB        | 32      | empty slabs kept (bytes) before immediate madvise |
  * | GRACESLAB_HEAP_EMPTY_KB         | 2048    | empty slabs a thread heap keeps for reuse (0: none) |
  * | GRACESLAB_HEAP_SHARED_KEEP_MB   | 16      | more empty slabs heaps may keep, all heaps together |
- * | GRACESLAB_LARGE_CACHE_MB        | 64      | freed large blocks kept for reuse, and slack of reused ones (bytes) |
+ * | GRACESLAB_LARGE_CACHE_MB        | 64      | freed large blocks kept for reuse, and slack of reused ones (bytes; or the live large bytes if more) |
  * | GRACESLAB_RCU_LAZY_MS           | 1000    | lazy call_rcu / pending-reclaim timeout   |
  * | GRACESLAB_RCU_LAZY_BATCH        | 10000   | lazy callbacks queued before a GP starts  |
  * | GRACESLAB_RCU_FENCES            | 0       | 1: fence read side even with membarrier   |

@@ -201,6 +201,45 @@ Test(large, slack_bounded_by_the_cache_budget)
     gsi_option_set(GSI_OPT_LARGE_CACHE_MB, 64);
 }
 
+/* The budget of cache and slack is the larger of GRACESLAB_LARGE_CACHE_MB
+   and the live large blocks' bytes. Option 9 MiB: a 3 MiB block freed into
+   the cache and reused for a 1 MiB request keeps 2 MiB of slack. With
+   30 MiB of other blocks live, all four such blocks keep it; with nothing
+   else live, three do, and the fourth 3 MiB block does not even stay in
+   the cache beside 6 MiB of slack. */
+Test(large, slack_budget_grows_with_live_blocks)
+{
+    gsi_option_set(GSI_OPT_LARGE_CACHE_MB, 9);
+    size_t big = 3 << 20, small = 1 << 20;
+    char *held[10], *x[4];
+    for (int i = 0; i < 10; i++)
+        held[i] = malloc(big);
+    for (int i = 0; i < 4; i++) {
+        free(malloc(big));
+        x[i] = malloc(small);
+        cr_assert_geq(gsi_large_of(x[i])->map_len, big,
+                      "block %d lost its slack with 30 MiB live", i);
+    }
+    for (int i = 0; i < 4; i++)
+        free(x[i]);
+    for (int i = 0; i < 10; i++)
+        free(held[i]);
+    gsi_large_trim(true);
+    for (int i = 0; i < 4; i++) {
+        free(malloc(big));
+        x[i] = malloc(small);
+    }
+    cr_assert_geq(gsi_large_of(x[2])->map_len, big, "slack within the 9 MiB option lost");
+    cr_assert_lt(gsi_large_of(x[3])->map_len, small + 2 * GS_PAGE,
+                 "slack beyond the option with nothing else live: %zu bytes mapped",
+                 gsi_large_of(x[3])->map_len);
+    for (int i = 0; i < 4; i++)
+        free(x[i]);
+    gsi_large_trim(true);
+    cr_assert_eq(gsi_large_cached_bytes(), 0);
+    gsi_option_set(GSI_OPT_LARGE_CACHE_MB, 64);
+}
+
 /* Blocks freed into a cache while live blocks hold slack: the cache
    drops its oldest blocks until cache and slack fit the budget together
    (it used to bound the cache alone: 120 MiB unused for a 64 MiB budget). */
