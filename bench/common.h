@@ -6,7 +6,8 @@
  * numbers accept K/M/G suffixes, powers of 1024) and prints exactly one line
  *
  *   RESULT name=<bench> <key>=<value> ... ops=<n> secs=<s> ops_per_sec=<r>
- *          cpu_secs=<user+sys of the whole process> peak_rss_kb=<kb>
+ *          cpu_secs=<user+sys of the process (since bench_cpu_mark(), if
+ *          called)> peak_rss_kb=<kb>
  *
  * on stdout, which bench/run parses. The programs call only the standard
  * malloc family, so one binary runs under every allocator via LD_PRELOAD.
@@ -60,6 +61,11 @@ void *bench_check(void *p, const char *what);
 /* Prints the RESULT line. extra is a preformatted " key=value ..." string
    (may be empty) placed after name=. */
 void bench_result(const char *name, const char *extra, double ops, double secs);
+
+/* Marks the start of the measured part: cpu_secs in the RESULT line then
+   counts from here (set-up before it, such as filling a working set, is
+   left out). */
+void bench_cpu_mark(void);
 
 /* Multi-threaded benchmarks. Each thread gets its own argument block, one
    cache line aligned, whose first member is a struct bench_thread: the
