@@ -408,6 +408,7 @@ size_t gsi_segments_list(struct gs_segment **out, size_t max);
 size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */
 size_t gsi_segments_dirty_bytes(void);  /* bytes of unused slots still committed */
 size_t gsi_heap_shared_kept_bytes(void); /* empty slabs heaps keep from the shared budget */
+size_t gsi_heap_own_kept_bytes(void);    /* empty slabs heaps keep of their own, together */
 
 /* The fast map: the free fast path's way from a pointer to its slab
    metadata, one load and no branch. One entry per 64 KiB slot of address

@@ -10,6 +10,7 @@
  * | GRACESLAB_EMPTY_CACHE_MB        | 32      | empty slabs kept (bytes) before immediate madvise |
  * | GRACESLAB_HEAP_EMPTY_KB         | 2048    | empty slabs a thread heap keeps for reuse (0: none) |
  * | GRACESLAB_HEAP_SHARED_KEEP_MB   | 16      | more empty slabs heaps may keep, all heaps together |
+ * | GRACESLAB_HEAP_EMPTY_TOTAL_MB   | 32      | bound on all heaps' own keeps (HEAP_EMPTY_KB each) together |
  * | GRACESLAB_LARGE_CACHE_MB        | 64      | freed large blocks kept for reuse, and slack of reused ones (bytes; or the live large bytes if more) |
  * | GRACESLAB_RCU_LAZY_MS           | 1000    | lazy call_rcu / pending-reclaim timeout   |
  * | GRACESLAB_RCU_LAZY_BATCH        | 10000   | lazy callbacks queued before a GP starts  |
@@ -38,6 +39,7 @@ static const struct option_def option_defs[GSI_OPT_COUNT] = {
     [GSI_OPT_EMPTY_CACHE_MB] = {"GRACESLAB_EMPTY_CACHE_MB", 32},
     [GSI_OPT_HEAP_EMPTY_KB] = {"GRACESLAB_HEAP_EMPTY_KB", 2048},
     [GSI_OPT_HEAP_SHARED_KEEP_MB] = {"GRACESLAB_HEAP_SHARED_KEEP_MB", 16},
+    [GSI_OPT_HEAP_EMPTY_TOTAL_MB] = {"GRACESLAB_HEAP_EMPTY_TOTAL_MB", 32},
     [GSI_OPT_LARGE_CACHE_MB] = {"GRACESLAB_LARGE_CACHE_MB", 64},
     [GSI_OPT_RCU_LAZY_MS] = {"GRACESLAB_RCU_LAZY_MS", 1000},
     [GSI_OPT_RCU_LAZY_BATCH] = {"GRACESLAB_RCU_LAZY_BATCH", 10000},

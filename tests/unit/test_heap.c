@@ -263,6 +263,56 @@ Test(heap, shared_keep_bounded_for_all_heaps)
     cr_assert_gt(other.shared, (size_t)3 << 20, "the budget did not come back after trim");
 }
 
+/* The heaps' own keeps are bounded together too (here 4 MiB): eight live
+   threads that each free 13 MiB keep at most 4 MiB of their own between
+   them, not 2 MiB each; what a heap could not keep of its own it took
+   from the shared budget or retired. When they exit, their keeps are
+   dropped from the total. */
+static pthread_barrier_t own_keep_barrier;
+
+static void *churn_and_wait(void *arg)
+{
+    *(struct kept *)arg = churn_700();
+    pthread_barrier_wait(&own_keep_barrier); /* kept: main checks */
+    pthread_barrier_wait(&own_keep_barrier); /* then exit */
+    return NULL;
+}
+
+Test(heap, own_keeps_bounded_for_all_heaps)
+{
+    enum { T = 8 };
+    malloc_trim(0);
+    size_t before = gsi_heap_own_kept_bytes();
+    gsi_option_set(GSI_OPT_HEAP_EMPTY_TOTAL_MB, before / (1 << 20) + 4);
+    size_t cap = ((before >> 20) + 4) << 20;
+    pthread_t t[T];
+    struct kept k[T];
+    cr_assert_eq(pthread_barrier_init(&own_keep_barrier, NULL, T + 1), 0);
+    for (int i = 0; i < T; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, churn_and_wait, &k[i]), 0);
+    pthread_barrier_wait(&own_keep_barrier);
+    size_t own = 0;
+    for (int i = 0; i < T; i++) {
+        cr_assert_leq(k[i].own, (size_t)2 << 20, "thread %d kept %zu bytes of its own", i,
+                      k[i].own);
+        own += k[i].own;
+    }
+    size_t total = gsi_heap_own_kept_bytes();
+    pthread_barrier_wait(&own_keep_barrier);
+    for (int i = 0; i < T; i++)
+        cr_assert_eq(pthread_join(t[i], NULL), 0);
+    cr_assert_gt(own, 0, "no heap kept anything of its own");
+    cr_assert_leq(total, cap, "heaps keep %zu KiB of their own together, bound %zu KiB",
+                  total >> 10, cap >> 10);
+    cr_assert_leq(before + own, cap, "the eight heaps kept %zu KiB of their own (bound %zu KiB)",
+                  own >> 10, (cap - before) >> 10);
+    cr_assert_eq(gsi_heap_own_kept_bytes(), before,
+                 "exited heaps' keeps still counted: %zu KiB, %zu before",
+                 gsi_heap_own_kept_bytes() >> 10, before >> 10);
+    gsi_option_set(GSI_OPT_HEAP_EMPTY_TOTAL_MB, 32);
+    pthread_barrier_destroy(&own_keep_barrier);
+}
+
 /* The active slab does not count mallocs (advance charge); when it stops
    being active its count is exact again: a slab filled completely, with
    frees and reallocations while it was active, counts capacity objects,
