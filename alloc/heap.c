@@ -61,29 +61,33 @@ size_t gsi_heap_own_kept_bytes(void)
     return atomic_load_explicit(&own_keep_bytes, memory_order_relaxed);
 }
 
-static bool own_keep_take(size_t bytes)
+/* Adds bytes to *count if it stays within cap; false (nothing added) if not. */
+static bool budget_take(_Atomic size_t *count, size_t bytes, size_t cap)
 {
-    size_t cap = (size_t)gsi_option(GSI_OPT_HEAP_EMPTY_TOTAL_MB) << 20;
-    size_t cur = atomic_load_explicit(&own_keep_bytes, memory_order_relaxed);
+    size_t cur = atomic_load_explicit(count, memory_order_relaxed);
     do {
         if (cur + bytes > cap)
             return false;
-    } while (!atomic_compare_exchange_weak_explicit(&own_keep_bytes, &cur, cur + bytes,
+    } while (!atomic_compare_exchange_weak_explicit(count, &cur, cur + bytes,
                                                     memory_order_relaxed, memory_order_relaxed));
     return true;
 }
 
+static bool own_keep_take(size_t bytes)
+{
+    return budget_take(&own_keep_bytes, bytes,
+                       (size_t)gsi_option(GSI_OPT_HEAP_EMPTY_TOTAL_MB) << 20);
+}
+
+/* Within its own cap, and within what the empty-slab cache leaves beside
+   the segments' dirty slots (read once: a hint, as before). */
 static bool shared_keep_take(size_t bytes)
 {
     size_t cap = (size_t)gsi_option(GSI_OPT_HEAP_SHARED_KEEP_MB) << 20;
     size_t cache = (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20;
-    size_t cur = atomic_load_explicit(&shared_keep_bytes, memory_order_relaxed);
-    do {
-        if (cur + bytes > cap || gsi_segments_dirty_bytes() + cur + bytes > cache)
-            return false;
-    } while (!atomic_compare_exchange_weak_explicit(&shared_keep_bytes, &cur, cur + bytes,
-                                                    memory_order_relaxed, memory_order_relaxed));
-    return true;
+    size_t dirty = gsi_segments_dirty_bytes();
+    size_t room = cache > dirty ? cache - dirty : 0;
+    return budget_take(&shared_keep_bytes, bytes, cap < room ? cap : room);
 }
 
 /* s stops being a kept empty slab: its bytes leave whichever count had

@@ -90,12 +90,10 @@ void bench_cpu_mark(void)
 
 void bench_result(const char *name, const char *extra, double ops, double secs)
 {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
     double cpu = process_cpu_secs() - cpu_mark;
     printf("RESULT name=%s%s ops=%.0f secs=%.4f ops_per_sec=%.1f cpu_secs=%.4f"
            " peak_rss_kb=%ld\n",
-           name, extra, ops, secs, secs > 0 ? ops / secs : 0.0, cpu, ru.ru_maxrss);
+           name, extra, ops, secs, secs > 0 ? ops / secs : 0.0, cpu, bench_peak_rss_kb());
     fflush(stdout);
 }
 
