@@ -70,7 +70,8 @@ GS_EXPORT struct gs_cache *gs_cache_create(const char *name, size_t size, size_t
 {
     if (align == 0)
         align = 16;
-    if ((align & (align - 1)) || align > GS_PAGE || size == 0 || size > GS_SMALL_MAX ||
+    /* Cache objects stay within the direct classes (32 KiB), as documented. */
+    if ((align & (align - 1)) || align > GS_PAGE || size == 0 || size > GS_DIRECT_MAX ||
         (flags & ~GS_CACHE_TYPESAFE_BY_RCU)) {
         errno = EINVAL;
         return NULL;

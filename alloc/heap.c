@@ -35,7 +35,8 @@
    allocates again a batch larger than 2 MiB then skips the segment lock
    for most of it, while the total kept stays bounded however many threads
    there are. The budget is part of the process's empty-slab cache
-   (GRACESLAB_EMPTY_CACHE_MB, 32 MiB): slabs kept here and empty slots kept
+   (gsi_segments_empty_budget: GRACESLAB_EMPTY_CACHE_MB, 32 MiB, or half
+   the bytes of the slabs in use if more): slabs kept here and empty slots kept
    committed in the segments add up to at most that (give or take a slab
    each way: the two counts are not updated under one lock), so memory
    that stays committed after a program frees everything does not grow.
@@ -84,7 +85,7 @@ static bool own_keep_take(size_t bytes)
 static bool shared_keep_take(size_t bytes)
 {
     size_t cap = (size_t)gsi_option(GSI_OPT_HEAP_SHARED_KEEP_MB) << 20;
-    size_t cache = (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20;
+    size_t cache = gsi_segments_empty_budget();
     size_t dirty = gsi_segments_dirty_bytes();
     size_t room = cache > dirty ? cache - dirty : 0;
     return budget_take(&shared_keep_bytes, bytes, cap < room ? cap : room);

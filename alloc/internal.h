@@ -50,20 +50,27 @@
 #define GS_PAGE          4096
 #define GS_ADDR_BITS     47                       /* x86_64 user space */
 
-/* Size classes: 16..128 by 16, then 8 classes per doubling up to 32 KiB.
-   Above GS_SMALL_MAX a request is a large block (large.c). */
-#define GS_SMALL_MAX     32768
-#define GS_NCLASSES      72
+/* Size classes: 16..128 by 16, then 8 classes per doubling up to 256 KiB.
+   Above GS_SMALL_MAX a request is a large block (large.c). The classes
+   above GS_DIRECT_MAX ("medium", 36 KiB..256 KiB) are slabs like the
+   others; only malloc finds them by computing the class instead of by
+   direct[] (which would need 1,792 more entries per heap for them). They
+   used to be large blocks, each its own mapping: 100,000 live 40 KB
+   blocks took 100,000 mappings (the kernel's limit is 65,530) and their
+   page tables. */
+#define GS_SMALL_MAX     262144
+#define GS_DIRECT_MAX    32768
+#define GS_NCLASSES      96
 
 /* malloc's direct[] (size -> active slab, struct gs_heap): one entry per
    16 bytes up to 1024 ((size + 15) >> 4: entries 0..64), then one per 128
-   bytes up to GS_SMALL_MAX (entries 65..312): every class boundary above
+   bytes up to GS_DIRECT_MAX (entries 65..312): every class boundary above
    1 KiB is a multiple of 128, so an entry names one class. */
 #define GS_DIRECT_BASE_ABOVE_1K ((1024 >> 4) - (1024 >> 7)) /* both formulas give 64 at 1024 */
-#define GS_DIRECT_ENTRIES (GS_DIRECT_BASE_ABOVE_1K + (GS_SMALL_MAX >> 7) + 1)
+#define GS_DIRECT_ENTRIES (GS_DIRECT_BASE_ABOVE_1K + (GS_DIRECT_MAX >> 7) + 1)
 #define GS_DIRECT_INDEX_ABOVE_1K(size) (GS_DIRECT_BASE_ABOVE_1K + (((size) + 127) >> 7))
-/* The direct[] entry of any size <= GS_SMALL_MAX (gs_malloc branches on the
-   size instead, to test for large blocks on the way). */
+/* The direct[] entry of any size <= GS_DIRECT_MAX (gs_malloc branches on the
+   size instead, to test for larger blocks on the way). */
 #define GS_DIRECT_INDEX(size) ((size) <= 1024 ? ((size) + 15) >> 4 : GS_DIRECT_INDEX_ABOVE_1K(size))
 
 /* ---------------------------------------------------------------------
@@ -407,6 +414,9 @@ void gsi_fastmap_large(const void *left, const void *joined);
 size_t gsi_segments_list(struct gs_segment **out, size_t max);
 size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */
 size_t gsi_segments_dirty_bytes(void);  /* bytes of unused slots still committed */
+/* What dirty slots and the heaps' shared keep may hold together:
+   GRACESLAB_EMPTY_CACHE_MB, or half the bytes of the slabs in use if more. */
+size_t gsi_segments_empty_budget(void);
 size_t gsi_heap_shared_kept_bytes(void); /* empty slabs heaps keep from the shared budget */
 size_t gsi_heap_own_kept_bytes(void);    /* empty slabs heaps keep of their own, together */
 

@@ -1,5 +1,5 @@
 /*
- * Large blocks: requests above GS_SMALL_MAX (32 KiB), or with an alignment
+ * Large blocks: requests above GS_SMALL_MAX (256 KiB), or with an alignment
  * no size class gives. Each block is its own mapping, starting 4 MiB-aligned
  * (so the segment map can find its header from any pointer into its first
  * units) with the header at the start and the object after it.

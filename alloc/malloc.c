@@ -4,7 +4,8 @@
  * Fast paths (20 instructions for malloc, 26 for free; the unlikely cases
  * in noinline slow functions):
  *   malloc: size -> the thread's active slab for it (heap->direct, up to
- *           32 KiB; a second size test above 1 KiB), pop
+ *           32 KiB; a second size test above 1 KiB; the medium classes
+ *           above it in malloc_large, by computed class), pop
  *           the local free list (out-of-band links), mark ALLOCATED; no
  *           count (the active slab is charged in advance, heap.c).
  *   free:   fast-map entry -> slab metadata (a hint: everything after
@@ -46,9 +47,20 @@ static GS_NOINLINE void *malloc_small_slow(size_t size)
     return gsi_heap_alloc_slow(gsi_tls_heap, gsi_size_class(size), size);
 }
 
-/* Above GS_SMALL_MAX: large blocks. */
+/* Above GS_DIRECT_MAX: the medium classes (up to GS_SMALL_MAX), whose
+   class is computed rather than looked up, then large blocks. Safe before
+   initialisation for the same reason as the fast path: a thread without
+   a heap sees the empty heap, whose active slabs are all empty. */
 static GS_NOINLINE void *malloc_large(size_t size)
 {
+    if (size <= GS_SMALL_MAX) {
+        struct gs_heap *h = gsi_tls_heap;
+        unsigned cls = gsi_class_above_1k(size);
+        struct gs_slab *s = h->active[cls];
+        if (GS_LIKELY(s->free_head != GS_LINK_END))
+            return gsi_slab_pop(s);
+        return gsi_heap_alloc_slow(h, cls, size);
+    }
     if (size > PTRDIFF_MAX) {
         errno = ENOMEM;
         return NULL;
@@ -61,7 +73,7 @@ GS_EXPORT void *gs_malloc(size_t size)
     struct gs_slab *s;
     if (GS_LIKELY(size <= 1024))
         s = gsi_tls_heap->direct[(size + 15) >> 4];
-    else if (GS_LIKELY(size <= GS_SMALL_MAX))
+    else if (GS_LIKELY(size <= GS_DIRECT_MAX))
         s = gsi_tls_heap->direct[GS_DIRECT_INDEX_ABOVE_1K(size)];
     else
         return malloc_large(size);

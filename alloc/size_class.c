@@ -1,9 +1,12 @@
 /*
  * Size classes: 16..128 bytes in steps of 16, then eight classes per
- * doubling (steps of 1/8) up to 32 KiB. Internal waste is below 16 bytes
- * (alignment) up to 128 B and below 1/9 (11.1%) above it.
+ * doubling (steps of 1/8) up to 256 KiB (GS_SMALL_MAX; malloc looks the
+ * classes up to 32 KiB up in direct[], and computes the medium ones).
+ * Internal waste is below 16 bytes (alignment) up to 128 B and below 1/9
+ * (11.1%) above it.
  *
- * A slab of class c spans enough 64 KiB slots to hold at least 8 objects.
+ * A slab of class c spans enough 64 KiB slots to hold at least 8 objects
+ * (4 above 32 KiB).
  * Its first bytes hold the link array (2 bytes per object, plus one
  * sentinel), at a small offset that differs between slabs (colouring, see
  * gsi_class_color); objects start at the next multiple of their natural alignment
@@ -41,8 +44,11 @@ static uint64_t odd_inverse(uint64_t d)
 static void class_layout(struct gs_class_info *ci, uint32_t size)
 {
     size_t align = natural_align(size);
+    /* At least 8 objects per slab; 4 in the medium classes, whose slabs
+       would otherwise reach 2 MiB (half a segment) at 256 KiB. */
+    size_t least = size > GS_DIRECT_MAX ? 4 : 8;
     unsigned span = 1;
-    while (span * GS_SLOT_SIZE < 8 * (size_t)size + GS_PAGE)
+    while (span * GS_SLOT_SIZE < least * (size_t)size + GS_PAGE)
         span++;
     size_t bytes = span * GS_SLOT_SIZE;
     size_t n = bytes / size;

@@ -36,7 +36,7 @@ extern "C" {
  * allocation may wait for a grace period, so that deferred memory cannot
  * pile up: before it maps new memory for a size class of which more than
  * GRACESLAB_PENDING_EXPEDITE_KB (256 KiB) is deferred (by this thread or
- * any other; blocks above 32 KiB count together); and when the OS refused
+ * any other; blocks above 256 KiB count together); and when the OS refused
  * memory (pending memory is then reclaimed and the allocation retried
  * once). So, as around gs_synchronize_rcu(), do not allocate while holding
  * a lock that a reader may wait for inside its critical section, in a
@@ -98,8 +98,8 @@ struct gs_cache;
  * itself must outlive readers. */
 #define GS_CACHE_TYPESAFE_BY_RCU 0x1u
 
-/* Creates a cache of objects of size bytes aligned to align (0 means 16;
-   a power of two up to 4096). name is copied (up to 31 bytes) for stats
+/* Creates a cache of objects of size bytes (1 to 32768) aligned to align
+   (0 means 16; a power of two up to 4096). name is copied (up to 31 bytes) for stats
    and messages. Returns NULL + EINVAL on bad arguments, NULL + ENOMEM on
    failure. */
 struct gs_cache *gs_cache_create(const char *name, size_t size, size_t align, unsigned flags);

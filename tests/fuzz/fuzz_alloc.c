@@ -129,17 +129,20 @@ static unsigned u16(struct input *in)
     return u8(in) | u8(in) << 8;
 }
 
-/* Mostly small sizes, some medium, a few large (beyond the slab classes). */
+/* Mostly small sizes, some medium (slab classes above 32 KiB), a few large
+   (beyond the slab classes, 256 KiB). */
 static size_t size_of(struct input *in)
 {
     unsigned k = u8(in);
     unsigned v = u16(in);
     if (k < 160)
         return v % 512;
-    if (k < 230)
+    if (k < 210)
         return v % 40000;
+    if (k < 232)
+        return (size_t)v * 4 % 262145;
     if (k < 250)
-        return 32768 + (size_t)v * 4 % 300000;
+        return 262145 + (size_t)v * 4 % 300000;
     return (size_t)v * 16; /* up to 1 MiB */
 }
 

@@ -25,7 +25,7 @@ static int next_prepare, next_after; /* forks come from one thread */
 static void prepare(void)
 {
     int i = next_prepare++ % HANDLERS;
-    gst_prepare_block[i] = malloc(1000 + (size_t)i * 997); /* small and large */
+    gst_prepare_block[i] = malloc(1000 + (size_t)i * i * 97); /* small, medium, large */
     if (gst_prepare_block[i])
         memset(gst_prepare_block[i], i, 100);
 }
@@ -34,7 +34,7 @@ static void after(void)
 {
     int i = next_after++ % HANDLERS;
     free(gst_after_block[i]);
-    gst_after_block[i] = malloc(40000 + (size_t)i);
+    gst_after_block[i] = malloc(300000 + (size_t)i);
 }
 
 __attribute__((constructor)) static void register_handlers(void)

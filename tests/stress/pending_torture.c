@@ -11,7 +11,7 @@
  *     of a published object never changes while a reader can see it;
  *   - writers also churn gs_malloc/gs_free of scratch blocks filled with
  *     0xEE, which would land on any object reused too early.
- * Sizes mix small classes and large blocks (> 32 KiB). Threads oversubscribe
+ * Sizes mix small and medium classes and large blocks (> 256 KiB). Threads oversubscribe
  * two CPUs (4 readers + 3 writers).
  *
  * Length: GS_TORTURE_UPDATES (default 1 million; 10 million for the long
@@ -74,13 +74,15 @@ static void report(const char *what, const struct obj *o, uint32_t slot, uint64_
 /* ----------------------------------------------------------- sizes */
 
 static const uint32_t small_sizes[] = {32, 40, 48, 64, 96, 128, 160, 256, 384, 512,
-                                       1000, 2048, 4000, 8192, 16000, 32768};
+                                       1000, 2048, 4000, 8192, 16000, 32768, 40000};
 
 static uint32_t pick_size(uint64_t *rng)
 {
     uint64_t r = gst_rand(rng);
-    if ((r & 63) == 0) /* 1/64: a large block, 33 KiB .. 160 KiB */
-        return (uint32_t)(33 * 1024 + (r >> 8) % (128 * 1024));
+    if ((r & 1023) == 0) /* 1/1024: a large block, 257 KiB .. 384 KiB (each one
+                            deferred is past the expedite bound: the next
+                            large allocation waits for a grace period) */
+        return (uint32_t)(257 * 1024 + (r >> 8) % (128 * 1024));
     /* mostly small: weight towards the smallest classes */
     unsigned n = sizeof small_sizes / sizeof small_sizes[0];
     unsigned i = (unsigned)((r >> 8) % n);
@@ -169,7 +171,7 @@ static bool check(const struct obj *o, uint32_t slot, uint64_t *rng, struct snap
         report("object in the wrong slot (another object's contents)", o, slot, v->slot);
         return false;
     }
-    if (s->size < sizeof(struct obj) || s->size > 200 * 1024) {
+    if (s->size < sizeof(struct obj) || s->size > 385 * 1024) { /* pick_size's range */
         report("impossible size", o, slot, s->size);
         return false;
     }

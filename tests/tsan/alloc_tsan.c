@@ -41,7 +41,7 @@ static atomic_bool stop;
 
 static size_t size_of(unsigned r)
 {
-    static const size_t sizes[] = {16, 24, 64, 100, 256, 700, 2000, 9000, 40000};
+    static const size_t sizes[] = {16, 24, 64, 100, 256, 700, 2000, 9000, 40000, 270000};
     return sizes[r % (sizeof sizes / sizeof sizes[0])];
 }
 
@@ -142,7 +142,7 @@ static void *updater(void *arg)
     unsigned r = (unsigned)(uintptr_t)arg;
     for (int i = 0; i < ROUNDS * 4; i++) {
         r = r * 1103515245u + 12345u;
-        struct obj *o = gs_malloc(r & 1 ? sizeof *o : 40000);
+        struct obj *o = gs_malloc(r & 1 ? sizeof *o : 270000); /* small or large */
         CHECK(o);
         o->key = r;
         o->check = ~(uintptr_t)r;

@@ -32,7 +32,7 @@ TestSuite(large, .init = init);
 
 Test(large, header_found_from_interior_pointers)
 {
-    static const size_t sizes[] = {GS_SMALL_MAX + 1, 100000, 1 << 20, (4 << 20) + 1,
+    static const size_t sizes[] = {GS_SMALL_MAX + 1, 300000, 1 << 20, (4 << 20) + 1,
                                    (9 << 20) + 12345};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         size_t size = sizes[i];
@@ -285,7 +285,7 @@ Test(large, realloc_keeps_contents_and_map)
     size_t size = 300000;
     char *p = malloc(size);
     gst_fill(p, size, 42);
-    char *blocker = malloc(100000); /* often right after p: forces a move */
+    char *blocker = malloc(300000); /* often right after p: forces a move */
     for (size_t next = size * 3; next < ((size_t)64 << 20); next *= 3) {
         char *q = realloc(p, next);
         cr_assert_not_null(q);
@@ -313,7 +313,7 @@ Test(large, realloc_keeps_contents_and_map)
 /* Shrinking a large block to a small size moves it into a slab. */
 Test(large, realloc_to_small)
 {
-    char *p = malloc(100000);
+    char *p = malloc(300000);
     gst_fill(p, 100, 7);
     char *q = realloc(p, 100);
     cr_assert_not_null(q);
@@ -355,7 +355,7 @@ void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 
 Test(large, tail_unmapped_only_after_its_map_units_cleared)
 {
-    /* A cached 5 MiB block resized in place for a 132 KiB request: two
+    /* A cached 5 MiB block resized in place for a 300 KiB request: two
        live blocks already keep about 5 MiB of slack each, within a 16 MiB
        budget that also holds the cached block; the budget then drops to
        12 MiB, so it cannot keep its own. */
@@ -363,7 +363,7 @@ Test(large, tail_unmapped_only_after_its_map_units_cleared)
     void *holder[2];
     for (int i = 0; i < 2; i++) {
         free(malloc(5 << 20));
-        holder[i] = malloc(132 << 10);
+        holder[i] = malloc(300 << 10);
         cr_assert_geq(gsi_large_of(holder[i])->map_len, (size_t)5 << 20, "no slack kept");
     }
     void *big = malloc(5 << 20);
@@ -371,7 +371,7 @@ Test(large, tail_unmapped_only_after_its_map_units_cleared)
     free(big);
     gsi_option_set(GSI_OPT_LARGE_CACHE_MB, 12);
     watch = true;
-    void *p = malloc(132 << 10);
+    void *p = malloc(300 << 10);
     cr_assert_eq(gsi_large_of(p), (struct gs_large *)((uintptr_t)big & ~GS_SEGMENT_MASK),
                  "the cached block was not reused");
     /* And a live one shrunk by realloc. */

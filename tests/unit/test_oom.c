@@ -37,7 +37,7 @@ void *pvalloc(size_t size);
 #define LIMIT ((size_t)32 << 20)
 #define MAX_PTRS ((size_t)1 << 20)
 #define SMALL 64
-#define LARGE ((size_t)256 << 10)
+#define LARGE ((size_t)320 << 10) /* above the largest slab class, 256 KiB */
 
 /* ------------------------------------------------------- entry points */
 
@@ -167,7 +167,7 @@ static void free_all(void **ptrs, size_t n)
    the limit's worth, through plain malloc. */
 static void other_kind_fits(const char *what, size_t size, void **ptrs)
 {
-    size_t other = size > 32768 ? SMALL : LARGE;
+    size_t other = size > (256 << 10) ? SMALL : LARGE;
     size_t m = 0;
     while (m * other < LIMIT / 2 && (ptrs[m] = malloc(other)) != NULL) {
         memset(ptrs[m], 0x3c, other < 4096 ? other : 4096);

@@ -125,6 +125,39 @@ Test(segment, empty_slabs_return_to_os)
         cr_assert_eq(gsi_map_kind(some_seg), 0, "unmapped segment still in the map");
 }
 
+/* The empty-slab budget is GRACESLAB_EMPTY_CACHE_MB or half the slabs in
+   use, whichever is more: with 160 MiB of slabs in use, a 60 MiB batch
+   freed stays committed (a fixed 32 MiB decommitted all but 32 of it, and
+   a program replacing the oldest of many medium blocks faulted its pages
+   back in on almost every reuse). When the slabs in use are freed too,
+   the budget falls back and what stays committed with it: older dirty
+   slots are decommitted down to it (without that, a third of what was
+   freed stayed committed). Each Criterion test runs in its own process. */
+Test(segment, empty_budget_follows_slabs_in_use)
+{
+    gsi_option_set(GSI_OPT_PURGE_DELAY_MS, 600000); /* only the budget decommits */
+    size_t option = (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20;
+    enum { LIVE = (160 << 20) / 4096, BATCH = (60 << 20) / 2048 };
+    static void *live[LIVE], *batch[BATCH];
+    for (int i = 0; i < LIVE; i++)
+        cr_assert_not_null(live[i] = malloc(4000));
+    for (int i = 0; i < BATCH; i++)
+        cr_assert_not_null(batch[i] = malloc(2000));
+    for (int i = 0; i < BATCH; i++)
+        free(batch[i]);
+    size_t kept = gsi_segments_dirty_bytes() + gsi_heap_shared_kept_bytes();
+    cr_assert_geq(gsi_segments_empty_budget(), (size_t)75 << 20, "budget %zu MiB",
+                  gsi_segments_empty_budget() >> 20);
+    cr_assert_geq(kept, (size_t)50 << 20, "only %zu MiB of the freed 60 MiB kept committed",
+                  kept >> 20);
+    for (int i = 0; i < LIVE; i++)
+        free(live[i]);
+    kept = gsi_segments_dirty_bytes() + gsi_heap_shared_kept_bytes();
+    cr_assert_eq(gsi_segments_empty_budget(), option);
+    cr_assert_leq(kept, option + (1 << 20), "%zu MiB still committed after freeing everything",
+                  kept >> 20);
+}
+
 /* A freed slot is reused for the next slab (dirty slots first): allocating
    and freeing the same amount again does not map new segments. */
 Test(segment, slots_reused)

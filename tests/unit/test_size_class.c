@@ -60,12 +60,13 @@ Test(size_class, small_table_matches_classes)
     }
 }
 
-/* malloc's direct[] index of every small size names the size's class: the
-   class's [direct_first, direct_end) holds it, the ranges of the classes
-   are disjoint and in order, and together they cover every entry. */
+/* malloc's direct[] index of every size up to GS_DIRECT_MAX names the
+   size's class: the class's [direct_first, direct_end) holds it, the
+   ranges of the classes are disjoint and in order, and together they cover
+   every entry; the medium classes above have none. */
 Test(size_class, direct_entries_name_the_class_of_every_size)
 {
-    for (size_t size = 0; size <= GS_SMALL_MAX; size++) {
+    for (size_t size = 0; size <= GS_DIRECT_MAX; size++) {
         size_t i = GS_DIRECT_INDEX(size);
         cr_assert_lt(i, GS_DIRECT_ENTRIES, "size %zu: entry %zu out of the array", size, i);
         const struct gs_class_info *ci = &gsi_classes[gsi_size_class(size)];
@@ -75,6 +76,10 @@ Test(size_class, direct_entries_name_the_class_of_every_size)
     }
     unsigned next = 0;
     for (unsigned c = 0; c < GS_NCLASSES; c++) {
+        if (gsi_classes[c].size > GS_DIRECT_MAX) {
+            cr_assert_eq(gsi_classes[c].direct_end, 0, "medium class %u has direct entries", c);
+            continue;
+        }
         cr_assert_eq(gsi_classes[c].direct_first, next, "class %u starts at %u, not %u", c,
                      gsi_classes[c].direct_first, next);
         cr_assert_gt(gsi_classes[c].direct_end, next, "class %u has no entry", c);
@@ -97,8 +102,8 @@ Test(size_class, waste_bound)
 }
 
 /* The layout of each class's slab: link array first, objects aligned to
-   their natural alignment, everything inside the span, at least 8 objects,
-   and object indices fit the 12-bit links. */
+   their natural alignment, everything inside the span, at least 8 objects
+   (4 in the medium classes), and object indices fit the 12-bit links. */
 Test(size_class, slab_layout)
 {
     for (unsigned c = 0; c < GS_NCLASSES; c++) {
@@ -106,8 +111,8 @@ Test(size_class, slab_layout)
         size_t bytes = (size_t)ci->span * GS_SLOT_SIZE;
         cr_assert_geq(ci->span, 1);
         cr_assert_lt(ci->span, GS_SLOTS);
-        cr_assert_geq(ci->capacity, 8, "class %u (%u B): only %u objects", c, ci->size,
-                      ci->capacity);
+        cr_assert_geq(ci->capacity, ci->size > GS_DIRECT_MAX ? 4 : 8,
+                      "class %u (%u B): only %u objects", c, ci->size, ci->capacity);
         cr_assert_leq(ci->capacity, GS_MAX_OBJECTS);
         cr_assert_geq(ci->link_bytes, 2 * (ci->capacity + 1), "class %u: link array too short",
                       c);

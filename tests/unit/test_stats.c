@@ -97,8 +97,8 @@ Test(stats, large_realloc_counted_at_new_size)
 {
     struct gs_stats a, b;
     gs_stats_get(&a);
-    void *p = malloc(40000);
-    size_t steps[] = {80000, 3 << 20, 50000, 40001};
+    void *p = malloc(300000);
+    size_t steps[] = {600000, 3 << 20, 400000, 300001};
     for (unsigned i = 0; i < sizeof steps / sizeof steps[0]; i++) {
         void *q = realloc(p, steps[i]);
         cr_assert_not_null(q);

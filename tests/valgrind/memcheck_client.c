@@ -23,6 +23,7 @@ int main(int argc, char **argv)
     if (!strcmp(s, "clean")) {
         char *q = realloc(p, 4000);
         q = realloc(q, 100000);
+        q = realloc(q, 300000); /* a medium slab block, then a large one */
         free(q);
     } else if (!strcmp(s, "use_after_free")) {
         free(p);
@@ -107,7 +108,7 @@ int main(int argc, char **argv)
     } else if (!strcmp(s, "usable_size")) {
         /* A program may use a block up to malloc_usable_size(): after the
            call those bytes are its own (small and large blocks). */
-        char *big = malloc(40000);
+        char *big = malloc(300000);
         size_t n = malloc_usable_size(p), nb = malloc_usable_size(big);
         memset(p, 1, n);
         memset(big, 2, nb);
@@ -134,9 +135,9 @@ int main(int argc, char **argv)
     } else if (!strcmp(s, "calloc_cached_large")) {
         /* calloc reusing a freed large block (the large cache): zeroing
            it is graceslab's write to the new block, not to freed memory. */
-        free(malloc(100000));
-        char *z = calloc(1, 100000);
-        sink = z[99999];
+        free(malloc(300000));
+        char *z = calloc(1, 300000);
+        sink = z[299999];
         free(z);
         free(p);
     } else if (!strcmp(s, "slot_reuse")) {
