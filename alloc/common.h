@@ -60,6 +60,7 @@ enum gsi_option {
     GSI_OPT_OS_FAIL_AFTER_MB, /* GRACESLAB_OS_FAIL_AFTER_MB: fault injection */
     GSI_OPT_VALGRIND,         /* GRACESLAB_VALGRIND: 0 disables memcheck requests */
     GSI_OPT_DEEPBIND,         /* GRACESLAB_DEEPBIND: 1 keeps dlopen's RTLD_DEEPBIND */
+    GSI_OPT_DECAY_MS,         /* GRACESLAB_DECAY_MS */
     GSI_OPT_COUNT
 };
 /* Value of an option; the first call parses the environment (no malloc). */

@@ -324,6 +324,8 @@ static struct gs_heap *heap_create_locked(void)
         heap_all = h;
     }
     heap_clear_active(h);
+    h->decay_ns = 0;
+    h->decay_pass = 0;
     h->key = (uintptr_t)h;
     h->thread_ptr = 0; /* set by gsi_heap_get for a thread's heap */
     return h;
@@ -624,6 +626,7 @@ void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size)
             return NULL;
         }
     }
+    gsi_heap_decay(h, cls);
     void *p = gsi_slab_pop(s);
     GS_VG_ALLOC(p, size, 0);
     return p;

@@ -61,6 +61,7 @@
 #define GS_SMALL_MAX     262144
 #define GS_DIRECT_MAX    32768
 #define GS_NCLASSES      96
+#define GS_FIRST_MEDIUM_CLASS 72 /* the first class above GS_DIRECT_MAX */
 
 /* malloc's direct[] (size -> active slab, struct gs_heap): one entry per
    16 bytes up to 1024 ((size + 15) >> 4: entries 0..64), then one per 128
@@ -186,6 +187,9 @@ struct gs_slab {
     bool kept_shared;        /* kept_empty, charged to the shared budget */
     bool typesafe;           /* of a GS_CACHE_TYPESAFE_BY_RCU cache: its
                                 freed objects stay readable (memcheck) */
+    uint16_t idle_free;      /* medium slabs: objects on the local list at
+                                the decay pass numbered idle_pass (decay.c) */
+    uint32_t idle_pass;
     struct gs_slab *next, *prev; /* heap partial/waiting list (owner) */
     struct gs_slab *orphan_next, *orphan_prev; /* orphan list (orphan_lock) */
     struct gs_cache *cache;  /* owning dedicated cache, NULL for malloc */
@@ -272,6 +276,8 @@ struct gs_heap {
     struct gs_slab_list partial[GS_NCLASSES];  /* owned, with free objects */
     struct gs_slab_list waiting[GS_NCLASSES];  /* owned, pending objects only */
     size_t empty_bytes;                        /* empty slabs kept on partial lists */
+    uint64_t decay_ns;                         /* last decay pass; 0: no medium slab yet (decay.c) */
+    uint32_t decay_pass;                       /* passes made (decay.c) */
     /* This thread's latest remote frees into one slab another heap owns:
        chained through their REMOTE links but not yet pushed onto the
        slab's remote chain (slab.c, gsi_remote_flush). Owner thread only,
@@ -419,6 +425,10 @@ size_t gsi_segments_dirty_bytes(void);  /* bytes of unused slots still committed
 size_t gsi_segments_empty_budget(void);
 size_t gsi_heap_shared_kept_bytes(void); /* empty slabs heaps keep from the shared budget */
 size_t gsi_heap_own_kept_bytes(void);    /* empty slabs heaps keep of their own, together */
+/* decay.c: the owner gives back the pages of medium objects that stayed
+   free since its last pass (at most one pass per GRACESLAB_DECAY_MS);
+   called from h's allocation slow path for class cls. */
+void gsi_heap_decay(struct gs_heap *h, unsigned cls);
 
 /* The fast map: the free fast path's way from a pointer to its slab
    metadata, one load and no branch. One entry per 64 KiB slot of address

@@ -19,6 +19,7 @@
  * | GRACESLAB_VALGRIND              | 1       | under memcheck: 1 reports blocks with client requests, 0 does not |
  * | GRACESLAB_OS_FAIL_AFTER_MB      | 0       | fault injection: OS refuses memory past this much (0: off) |
  * | GRACESLAB_DEEPBIND              | 0       | 1: dlopen keeps RTLD_DEEPBIND (0: cleared, see dlopen.c) |
+ * | GRACESLAB_DECAY_MS              | 1000    | medium objects free at two passes this far apart go back to the OS |
  * Values above OPTION_MAX count as OPTION_MAX; none are read in secure
  * execution (set-user-ID programs).
  */
@@ -48,6 +49,7 @@ static const struct option_def option_defs[GSI_OPT_COUNT] = {
     [GSI_OPT_OS_FAIL_AFTER_MB] = {"GRACESLAB_OS_FAIL_AFTER_MB", 0},
     [GSI_OPT_VALGRIND] = {"GRACESLAB_VALGRIND", 1},
     [GSI_OPT_DEEPBIND] = {"GRACESLAB_DEEPBIND", 0},
+    [GSI_OPT_DECAY_MS] = {"GRACESLAB_DECAY_MS", 1000},
 };
 
 /* Parsed values. Written once by whichever thread parses first; the parse is

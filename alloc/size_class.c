@@ -104,6 +104,9 @@ void gsi_classes_init(void)
         for (uint32_t k = 1; k <= 8; k++)
             class_layout(&gsi_classes[c++], base + k * (base / 8));
     GS_ASSERT(c == GS_NCLASSES);
+    GS_ASSERT(gsi_classes[GS_FIRST_MEDIUM_CLASS - 1].size == GS_DIRECT_MAX);
+    for (unsigned k = GS_FIRST_MEDIUM_CLASS; k < GS_NCLASSES; k++) /* decay.c */
+        GS_ASSERT(gsi_classes[k].capacity <= 16 && gsi_classes[k].size % GS_PAGE == 0);
     GS_ASSERT(gsi_classes[GS_NCLASSES - 1].size == GS_SMALL_MAX);
     unsigned k = 0;
     for (unsigned i = 0; i <= (1024 >> 4); i++) {

@@ -55,6 +55,8 @@ void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
     s->orphan_next = s->orphan_prev = NULL;
     s->cache = NULL;
     s->typesafe = false;
+    s->idle_free = 0;
+    s->idle_pass = 0;
     s->wait_cookie = 0;
     s->orphaned = false;
     /* Objects not linked yet: their links may hold whatever the slots held

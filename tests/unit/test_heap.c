@@ -1051,3 +1051,95 @@ Test(heap, fork_with_slab_extend_half_done)
     free(malloc(64));
     fork_while_stopped(torn_extend, NULL, check_torn_extend, NULL);
 }
+
+/* ----------------------------------------------------------------- decay */
+
+static size_t resident_pages(const void *p, size_t len)
+{
+    unsigned char vec[64];
+    cr_assert_leq(len / GS_PAGE, sizeof vec);
+    cr_assert_eq((uintptr_t)p % GS_PAGE, 0, "medium object %p not page-aligned", p);
+    cr_assert_eq(mincore((void *)p, len, vec), 0);
+    size_t n = 0;
+    for (size_t i = 0; i < (len + GS_PAGE - 1) / GS_PAGE; i++)
+        n += vec[i] & 1;
+    return n;
+}
+
+/* decay.c: a medium object found free at two decay passes in a row gives
+   its pages back; one pass is not enough; live objects and objects waiting
+   for a grace period (a reader holds it) keep theirs and their contents;
+   a decayed object is handed out again and usable. Every slab keeps one
+   live object, so no slab empties (an empty slab may stay committed). */
+Test(heap, idle_medium_objects_decay)
+{
+    gsi_option_set(GSI_OPT_DECAY_MS, 1);
+    enum { N = 64, SIZE = 40000 };
+    static char *p[N];
+    static bool live[N], deferred[N];
+    for (int i = 0; i < N; i++) {
+        cr_assert_not_null(p[i] = malloc(SIZE));
+        memset(p[i], i + 1, SIZE);
+    }
+    size_t obj = gsi_slab_of(p[0])->obj_size;
+    int nfree = 0, ndefer = 0;
+    for (int i = 0; i < N; i++) {
+        bool first_of_slab = true;
+        for (int j = 0; j < i; j++)
+            first_of_slab &= gsi_slab_of(p[j]) != gsi_slab_of(p[i]);
+        live[i] = first_of_slab;
+    }
+    struct gs_heap *h = gsi_tls_mine;
+    unsigned cls = gsi_size_class(SIZE);
+    cr_assert_geq(cls, GS_FIRST_MEDIUM_CLASS);
+    gst_sleep_ms(5);
+    gsi_heap_decay(h, cls); /* a pass with all of them allocated */
+    gs_rcu_read_lock(); /* no grace period ends: deferred objects stay pending */
+    for (int i = 0; i < N; i++) {
+        if (live[i])
+            continue;
+        if (i % 5 == 1) {
+            gs_free_rcu(p[i]);
+            deferred[i] = true;
+            ndefer++;
+        } else {
+            free(p[i]);
+            nfree++;
+        }
+    }
+    cr_assert_gt(nfree, 20);
+    cr_assert_gt(ndefer, 5);
+    gst_sleep_ms(5);
+    gsi_heap_decay(h, cls);
+    for (int i = 0; i < N; i++)
+        if (!live[i] && !deferred[i])
+            cr_assert_eq(resident_pages(p[i], obj), obj / GS_PAGE,
+                         "object %d decayed after one pass", i);
+    gst_sleep_ms(5);
+    gsi_heap_decay(h, cls);
+    for (int i = 0; i < N; i++) {
+        if (live[i] || deferred[i]) {
+            cr_assert_eq(resident_pages(p[i], obj), obj / GS_PAGE, "object %d lost pages", i);
+            for (size_t k = 0; k < SIZE; k += 997)
+                cr_assert_eq(p[i][k], (char)(i + 1), "object %d changed at %zu", i, k);
+        } else {
+            cr_assert_eq(resident_pages(p[i], obj), 0, "free object %d kept its pages", i);
+        }
+    }
+    gs_rcu_read_unlock();
+    /* Decayed objects come back as usable memory. */
+    static char *q[N];
+    for (int i = 0; i < nfree; i++) {
+        cr_assert_not_null(q[i] = malloc(SIZE));
+        memset(q[i], i + 7, SIZE);
+    }
+    for (int i = 0; i < nfree; i++) {
+        cr_assert_eq(q[i][0], (char)(i + 7));
+        cr_assert_eq(q[i][SIZE - 1], (char)(i + 7));
+        free(q[i]);
+    }
+    for (int i = 0; i < N; i++)
+        if (live[i])
+            free(p[i]);
+    gs_reclaim(SIZE_MAX);
+}
