@@ -58,8 +58,9 @@ void gsi_heap_decay(struct gs_heap *h, unsigned cls)
     if (h->decay_ns && now - h->decay_ns < (uint64_t)gsi_option(GSI_OPT_DECAY_MS) * 1000000u)
         return;
     h->decay_ns = now;
-    /* Pass numbers start at 2, so that a slab's 0 never matches pass - 1. */
-    uint32_t pass = ++h->decay_pass < 2 ? (h->decay_pass = 2) : h->decay_pass;
+    /* A slab never looked at has idle_pass 0 and idle_free 0: at pass 1 it
+       matches, with nothing idle. */
+    uint32_t pass = ++h->decay_pass;
     for (unsigned c = GS_FIRST_MEDIUM_CLASS; c < GS_NCLASSES; c++) {
         if (h->active[c] != &gsi_empty_slab)
             decay_slab(h->active[c], pass);

@@ -9,8 +9,8 @@
  * costs no page faults; but never more than the empty-slab budget of
  * dirty slabs are kept, so freeing a large heap gives memory back at once,
  * with no timer. The budget is GRACESLAB_EMPTY_CACHE_MB or half the bytes
- * of the slabs in use, whichever is larger (empty_budget_locked). Segments left with no used slot are unmapped, keeping one
- * spare.
+ * of the slabs in use, whichever is larger (gsi_segments_empty_budget).
+ * Segments left with no used slot are unmapped, keeping one spare.
  *
  * Reuse: a retired slab whose slots stay committed keeps its format — its
  * link array holds every object on the local list — and waits on its
@@ -312,13 +312,8 @@ static size_t purge_locked(bool force, uint64_t now)
    the cap decommitted it at once and the next ones faulted it back:
    95,000 replacements/s against jemalloc's 600,000. What stays committed
    is still bounded by what the program uses, and falls with it (see
-   trim_locked). */
-static size_t empty_budget_locked(void)
-{
-    size_t option = (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20;
-    return slab_bytes / 2 > option ? slab_bytes / 2 : option;
-}
-
+   trim_locked). Read under the lock by retire and trim, as a hint by the
+   heaps' shared keep (heap.c). */
 size_t gsi_segments_empty_budget(void)
 {
     size_t option = (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20;
@@ -333,7 +328,7 @@ size_t gsi_segments_empty_budget(void)
    even if it makes no further call). */
 static void trim_locked(void)
 {
-    size_t budget = empty_budget_locked();
+    size_t budget = gsi_segments_empty_budget();
     for (struct gs_segment *seg = segment_list; seg; seg = seg->next) {
         if (dirty_bytes + gsi_heap_shared_kept_bytes() <= budget)
             return;
@@ -456,7 +451,7 @@ void gsi_slab_retire(struct gs_slab *s)
     __atomic_store_n(&dirty_bytes, dirty_bytes + (size_t)s->span * GS_SLOT_SIZE, __ATOMIC_RELAXED);
     __atomic_store_n(&slab_bytes, slab_bytes - (size_t)s->span * GS_SLOT_SIZE, __ATOMIC_RELAXED);
     /* The heaps' shared keep is part of the same cache (heap.c). */
-    if (dirty_bytes + gsi_heap_shared_kept_bytes() > empty_budget_locked()) {
+    if (dirty_bytes + gsi_heap_shared_kept_bytes() > gsi_segments_empty_budget()) {
         decommit_locked(seg, mask);
         trim_locked(); /* the budget may have fallen below older dirty slots */
     } else if (s->free_head != GS_LINK_END) {
