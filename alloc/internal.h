@@ -351,12 +351,12 @@ GS_INLINE unsigned gsi_size_class(size_t size)
    a class when align > b/8, and any class there is a multiple of align when
    align <= b/8 (both powers of two); the same holds for 16..128 in steps
    of 16. A slab's first object is aligned to its class's natural
-   alignment (the size's lowest set bit, up to a page; gsi_class_color) and
+   alignment (the size's lowest set bit, up to a slot; gsi_class_color) and
    the others follow at multiples of the size. tests/unit/test_size_class
    checks every size against a search of the class table. */
 GS_INLINE int gsi_class_aligned(size_t size, size_t align)
 {
-    if (size > GS_SMALL_MAX || align > GS_PAGE)
+    if (size > GS_SMALL_MAX || align > GS_SLOT_SIZE)
         return -1;
     size_t want = ((size < align ? align : size) + align - 1) & ~(align - 1);
     if (want > GS_SMALL_MAX)

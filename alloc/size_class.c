@@ -10,19 +10,23 @@
  * Its first bytes hold the link array (2 bytes per object, plus one
  * sentinel), at a small offset that differs between slabs (colouring, see
  * gsi_class_color); objects start at the next multiple of their natural alignment
- * (the largest power of two dividing the size, at most a page), so a class
- * whose size is a multiple of A hands out A-aligned objects: aligned_alloc
- * up to a page is served by ordinary slabs.
+ * (the largest power of two dividing the size, at most a 64 KiB slot, the
+ * alignment of a slab's base), so a class whose size is a multiple of A
+ * hands out A-aligned objects: aligned_alloc up to 64 KiB is served by
+ * ordinary slabs. The first object then starts up to 64 KiB into the slab;
+ * that costs no capacity in any class (the link array's part of the slab
+ * never held a whole object), which test_size_class checks.
  */
 #include "alloc/internal.h"
 
 struct gs_class_info gsi_classes[GS_NCLASSES];
 _Atomic uint8_t gsi_class_of_small[(1024 >> 4) + 1];
 
+/* Up to a slot (64 KiB), the alignment of every slab's base. */
 static size_t natural_align(size_t size)
 {
     size_t a = size & -size;
-    return a > GS_PAGE ? GS_PAGE : a;
+    return a > GS_SLOT_SIZE ? GS_SLOT_SIZE : a;
 }
 
 static size_t round_up(size_t v, size_t a)

@@ -168,7 +168,9 @@ Test(fastmap, aligned_large_blocks_own_no_entry)
     size_t taken = 0; /* blocks that joined a class a segment owned */
     for (int i = 0; i < K; i++) {
         size_t align = (size_t)65536 << (i % 4);
-        cr_assert_eq(posix_memalign(&big[i], align, 100000 + (size_t)i * 4096), 0);
+        /* Above the slab classes: with up to 64 KiB alignment a smaller
+           block is a slab object. */
+        cr_assert_eq(posix_memalign(&big[i], align, GS_SMALL_MAX + 1 + (size_t)i * 4096), 0);
         if (i % 2) { /* grow it far: realloc moves it */
             void *q = realloc(big[i], (size_t)64 << 20);
             cr_assert_not_null(q);

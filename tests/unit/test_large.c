@@ -81,7 +81,7 @@ Test(large, huge_block_far_lookup)
 
 Test(large, alignment_beyond_classes)
 {
-    for (size_t align = 2 * GS_PAGE; align <= ((size_t)64 << 20); align *= 4) {
+    for (size_t align = 2 * GS_SLOT_SIZE; align <= ((size_t)64 << 20); align *= 4) {
         char *p = aligned_alloc(align, 100);
         cr_assert_not_null(p, "align %zu", align);
         cr_assert_eq((uintptr_t)p % align, 0, "align %zu: %p", align, p);

@@ -672,3 +672,38 @@ Test(malloc, medium_blocks_share_mappings)
         free(p[i]);
     }
 }
+
+/* Alignments above a page up to a slot (64 KiB) come from slab classes
+   too: 3000 live blocks, each of any size up to 64 KiB aligned to 8..64
+   KiB, must not take a mapping each (as large blocks they did: a 4 MiB
+   mapping for a 100-byte block, and 90 us per free). */
+Test(malloc, aligned_blocks_share_mappings)
+{
+    enum { N = 3000 };
+    static unsigned char *p[N];
+    static size_t size[N];
+    uint64_t rng = 7;
+    size_t maps0 = count_mappings();
+    for (int i = 0; i < N; i++) {
+        size_t align = (size_t)8192 << (i % 4);
+        size[i] = 1 + gst_rand(&rng) % (64 << 10);
+        void *q = (void *)0x1;
+        if (i % 2)
+            cr_assert_eq(posix_memalign(&q, align, size[i]), 0);
+        else
+            q = aligned_alloc(align, size[i]);
+        p[i] = q;
+        cr_assert_not_null(p[i]);
+        cr_assert_eq((uintptr_t)p[i] % align, 0, "%p not aligned to %zu", q, align);
+        cr_assert_geq(malloc_usable_size(p[i]), size[i]);
+        gst_fill(p[i], size[i] < 64 ? size[i] : 64, (uintptr_t)i);
+    }
+    size_t maps = count_mappings();
+    cr_assert_lt(maps, maps0 + 300, "%zu mappings for %d aligned blocks (%zu before)", maps, N,
+                 maps0);
+    for (int i = 0; i < N; i++) {
+        size_t n = size[i] < 64 ? size[i] : 64;
+        cr_assert_eq(gst_check(p[i], n, (uintptr_t)i), n, "block %d overwritten", i);
+        free(p[i]);
+    }
+}

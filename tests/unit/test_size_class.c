@@ -17,7 +17,12 @@ TestSuite(size_class, .init = init);
 static size_t natural_align(size_t size)
 {
     size_t a = size & -size;
-    return a > GS_PAGE ? GS_PAGE : a;
+    return a > GS_SLOT_SIZE ? GS_SLOT_SIZE : a;
+}
+
+static size_t round_up(size_t v, size_t a)
+{
+    return (v + a - 1) & ~(a - 1);
 }
 
 Test(size_class, table_shape)
@@ -126,6 +131,15 @@ Test(size_class, slab_layout)
         if (ci->capacity < GS_MAX_OBJECTS)
             cr_assert_gt(next_links + (size_t)(ci->capacity + 1) * ci->size, bytes,
                          "class %u: room for another object", c);
+        /* Aligning the first object beyond a page (up to a slot, for
+           aligned_alloc) costs no object: as many fit as with the first
+           object at most a page in. */
+        size_t page_align = natural_align(ci->size) < GS_PAGE ? natural_align(ci->size) : GS_PAGE;
+        size_t n = bytes / ci->size;
+        while (n > GS_MAX_OBJECTS || round_up(2 * (n + 1), page_align) + n * ci->size > bytes)
+            n--;
+        cr_assert_eq(ci->capacity, n, "class %u (%u B): %u objects, %zu with page alignment", c,
+                     ci->size, ci->capacity, n);
     }
 }
 
@@ -196,12 +210,13 @@ Test(size_class, slab_index_exact)
 }
 
 /* gsi_class_aligned: the smallest class that holds size and whose objects
-   are all align-aligned; -1 beyond a page or beyond the small classes. */
+   are all align-aligned; -1 beyond a slot (64 KiB) or beyond the slab
+   classes. */
 /* Every size, against a search of the class table (gsi_class_aligned
    computes it by rounding instead). */
 Test(size_class, aligned_classes)
 {
-    for (size_t align = 16; align <= GS_PAGE; align *= 2) {
+    for (size_t align = 16; align <= GS_SLOT_SIZE; align *= 2) {
         for (size_t size = 0; size <= GS_SMALL_MAX + 1; size++) {
             int c = gsi_class_aligned(size, align);
             int want = -1;
@@ -217,6 +232,9 @@ Test(size_class, aligned_classes)
                                (unsigned)gsi_classes[c].link_bytes, align);
         }
     }
-    cr_assert_eq(gsi_class_aligned(64, 2 * GS_PAGE), -1);
+    cr_assert_geq(gsi_class_aligned(64, GS_SLOT_SIZE), 0);
+    cr_assert_eq(gsi_class_aligned(64, 2 * GS_SLOT_SIZE), -1);
+    cr_assert_eq(gsi_class_aligned(GS_SMALL_MAX - GS_SLOT_SIZE + 1, GS_SLOT_SIZE),
+                 (int)GS_NCLASSES - 1);
     cr_assert_eq(gsi_class_aligned(GS_SMALL_MAX + 1, 16), -1);
 }
