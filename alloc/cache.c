@@ -70,8 +70,10 @@ GS_EXPORT struct gs_cache *gs_cache_create(const char *name, size_t size, size_t
 {
     if (align == 0)
         align = 16;
-    /* Cache objects stay within the direct classes (32 KiB), as documented. */
-    if ((align & (align - 1)) || align > GS_PAGE || size == 0 || size > GS_DIRECT_MAX ||
+    /* Cache objects stay within the direct classes (32 KiB), as documented:
+       an alignment up to 32 KiB keeps them there (gsi_class_aligned rounds
+       the size up to a multiple of it). */
+    if ((align & (align - 1)) || align > GS_DIRECT_MAX || size == 0 || size > GS_DIRECT_MAX ||
         (flags & ~GS_CACHE_TYPESAFE_BY_RCU)) {
         errno = EINVAL;
         return NULL;

@@ -99,7 +99,7 @@ struct gs_cache;
 #define GS_CACHE_TYPESAFE_BY_RCU 0x1u
 
 /* Creates a cache of objects of size bytes (1 to 32768) aligned to align
-   (0 means 16; a power of two up to 4096). name is copied (up to 31 bytes) for stats
+   (0 means 16; a power of two up to 32768). name is copied (up to 31 bytes) for stats
    and messages. Returns NULL + EINVAL on bad arguments, NULL + ENOMEM on
    failure. */
 struct gs_cache *gs_cache_create(const char *name, size_t size, size_t align, unsigned flags);
