@@ -22,28 +22,83 @@
  * may one of a slab adopted from another heap whose pass numbers matched).
  * Medium objects are whole pages, page-aligned (size_class.c), so the
  * link array and the neighbours are never touched.
+ *
+ * malloc_trim gives back every free object of the calling heap's lists at
+ * once (gsi_heap_decay_now), idle or not.
  */
 #include "alloc/internal.h"
 
-static void decay_slab(struct gs_slab *s, uint32_t pass)
+/* The objects on s's local free list, one bit each (medium slabs hold at
+   most 16). */
+static uint32_t local_free_mask(struct gs_slab *s)
 {
-    uint32_t now_free = 0;
+    uint32_t mask = 0;
     uint32_t steps = 0;
     for (uint64_t i = s->free_head; i != GS_LINK_END && steps++ < s->capacity;
          i = gsi_link_load(s, i))
-        now_free |= (uint32_t)1 << i;
+        mask |= (uint32_t)1 << i;
+    return mask;
+}
+
+/* Decommits the objects in mask, a run of neighbours at a time; returns
+   the bytes. */
+static size_t decommit_objects(struct gs_slab *s, uint32_t mask)
+{
+    size_t bytes = 0;
+    while (mask) {
+        unsigned first = (unsigned)__builtin_ctz(mask), n = 0;
+        while (first + n < 32 && (mask >> (first + n) & 1))
+            n++;
+        gsi_os_decommit(s->start + (size_t)first * s->obj_size, (size_t)n * s->obj_size);
+        bytes += (size_t)n * s->obj_size;
+        mask &= ~(uint32_t)(((uint64_t)1 << (first + n)) - ((uint64_t)1 << first));
+    }
+    return bytes;
+}
+
+static size_t decay_slab(struct gs_slab *s, uint32_t pass)
+{
+    uint32_t now_free = local_free_mask(s);
     /* Free at this pass and at the one before (not at some earlier one: a
        slab that was full, or another heap's, in between was not looked at). */
     uint32_t idle = s->idle_pass == pass - 1 ? now_free & s->idle_free : 0;
     s->idle_free = (uint16_t)now_free;
     s->idle_pass = pass;
-    while (idle) {
-        unsigned first = (unsigned)__builtin_ctz(idle), n = 0;
-        while (first + n < 32 && (idle >> (first + n) & 1))
-            n++;
-        gsi_os_decommit(s->start + (size_t)first * s->obj_size, (size_t)n * s->obj_size);
-        idle &= ~(uint32_t)(((uint64_t)1 << (first + n)) - ((uint64_t)1 << first));
+    return decommit_objects(s, idle);
+}
+
+/* malloc_trim's visit: every free object, idle or not, that still has
+   pages (so that a second trim reports nothing to give back, as glibc's
+   does). */
+static size_t decay_slab_now(struct gs_slab *s, uint32_t pass)
+{
+    (void)pass;
+    uint32_t mask = 0;
+    for (uint32_t m = local_free_mask(s); m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctz(m);
+        if (gsi_os_resident_bytes(s->start + (size_t)i * s->obj_size, s->obj_size))
+            mask |= (uint32_t)1 << i;
     }
+    return decommit_objects(s, mask);
+}
+
+/* Visits every medium slab of h that may have objects on its local free
+   list: active, partial, and waiting (whose pending objects wait for a
+   grace period, and which may have free ones too). Returns the bytes
+   decommitted. */
+static size_t visit_medium_slabs(struct gs_heap *h, size_t (*visit)(struct gs_slab *, uint32_t),
+                                 uint32_t pass)
+{
+    size_t bytes = 0;
+    for (unsigned c = GS_FIRST_MEDIUM_CLASS; c < GS_NCLASSES; c++) {
+        if (h->active[c] != &gsi_empty_slab)
+            bytes += visit(h->active[c], pass);
+        for (struct gs_slab *s = h->partial[c].first; s; s = s->next)
+            bytes += visit(s, pass);
+        for (struct gs_slab *s = h->waiting[c].first; s; s = s->next)
+            bytes += visit(s, pass);
+    }
+    return bytes;
 }
 
 void gsi_heap_decay(struct gs_heap *h, unsigned cls)
@@ -60,15 +115,13 @@ void gsi_heap_decay(struct gs_heap *h, unsigned cls)
     h->decay_ns = now;
     /* A slab never looked at has idle_pass 0 and idle_free 0: at pass 1 it
        matches, with nothing idle. */
-    uint32_t pass = ++h->decay_pass;
-    for (unsigned c = GS_FIRST_MEDIUM_CLASS; c < GS_NCLASSES; c++) {
-        if (h->active[c] != &gsi_empty_slab)
-            decay_slab(h->active[c], pass);
-        for (struct gs_slab *s = h->partial[c].first; s; s = s->next)
-            decay_slab(s, pass);
-        /* Waiting slabs (their pending objects wait for a grace period) may
-           have free objects on their local list too. */
-        for (struct gs_slab *s = h->waiting[c].first; s; s = s->next)
-            decay_slab(s, pass);
-    }
+    visit_medium_slabs(h, decay_slab, ++h->decay_pass);
+}
+
+/* malloc_trim: every object on h's medium local free lists goes back now,
+   idle or not (glibc's malloc_trim likewise gives back the free pages
+   inside its heaps). Returns the bytes. */
+size_t gsi_heap_decay_now(struct gs_heap *h)
+{
+    return gsi_valgrind ? 0 : visit_medium_slabs(h, decay_slab_now, 0);
 }

@@ -19,8 +19,9 @@
 __attribute__((used)) static void *(*const pull_malloc_o)(size_t) = gs_malloc;
 
 /* Gives back what graceslab keeps for reuse: the calling thread's empty
-   slabs (other threads' stay theirs: only an owner touches its lists), the
-   committed empty slabs of every segment, and the large-block cache.
+   slabs and the pages of its free medium objects (other threads' stay
+   theirs: only an owner touches its lists), the committed empty slabs of
+   every segment, and the large-block cache.
    Pending (gs_free_rcu) objects are not waited for: no grace period here.
    `pad` (glibc's top-of-heap slack) has no counterpart. Returns 1 if any
    memory went back to the OS, as glibc does. */
@@ -33,6 +34,7 @@ GS_EXPORT int malloc_trim(size_t pad)
     if (h != &gsi_empty_heap) {
         gsi_remote_flush(h);
         gsi_heap_trim(h); /* into the segments, decommitted just below */
+        bytes += gsi_heap_decay_now(h);
     }
     bytes += gsi_segments_purge(true);
     bytes += gsi_large_trim(true);

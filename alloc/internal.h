@@ -387,6 +387,7 @@ GS_INLINE unsigned gsi_map_kind(uintptr_t a)
 void *gsi_os_map_aligned(size_t size, size_t align); /* NULL on failure */
 void gsi_os_unmap(void *p, size_t size);
 void gsi_os_decommit(void *p, size_t size);           /* MADV_DONTNEED */
+size_t gsi_os_resident_bytes(void *p, size_t size); /* mincore; page-aligned p */
 /* 0, or mremap's error (errno itself is preserved). */
 int gsi_os_remap(void *old, size_t old_len, size_t new_len, void *fixed_new);
 void gsi_map_set(void *start, size_t len, unsigned kind_first);
@@ -429,6 +430,7 @@ size_t gsi_heap_own_kept_bytes(void);    /* empty slabs heaps keep of their own,
    free since its last pass (at most one pass per GRACESLAB_DECAY_MS);
    called from h's allocation slow path for class cls. */
 void gsi_heap_decay(struct gs_heap *h, unsigned cls);
+size_t gsi_heap_decay_now(struct gs_heap *h); /* malloc_trim: all free medium objects */
 
 /* The fast map: the free fast path's way from a pointer to its slab
    metadata, one load and no branch. One entry per 64 KiB slot of address

@@ -71,6 +71,24 @@ void gsi_os_decommit(void *p, size_t size)
     errno = saved;
 }
 
+size_t gsi_os_resident_bytes(void *p, size_t size)
+{
+    int saved = errno;
+    unsigned char vec[64];
+    size_t bytes = 0;
+    for (size_t off = 0; off < size; off += sizeof vec * GS_PAGE) {
+        size_t len = size - off < sizeof vec * GS_PAGE ? size - off : sizeof vec * GS_PAGE;
+        if (mincore((char *)p + off, len, vec) != 0) {
+            bytes += len; /* unknown: count it, as a decommit would be tried */
+            continue;
+        }
+        for (size_t i = 0; i < (len + GS_PAGE - 1) / GS_PAGE; i++)
+            bytes += vec[i] & 1 ? GS_PAGE : 0;
+    }
+    errno = saved;
+    return bytes;
+}
+
 int gsi_os_remap(void *old, size_t old_len, size_t new_len, void *fixed_new)
 {
     int saved = errno;

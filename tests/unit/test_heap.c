@@ -1143,3 +1143,58 @@ Test(heap, idle_medium_objects_decay)
             free(p[i]);
     gs_reclaim(SIZE_MAX);
 }
+
+/* malloc_trim gives back the pages of the calling thread's free medium
+   objects at once, idle or not (glibc's trim gives back free pages inside
+   its heaps); live objects and objects waiting for a grace period keep
+   theirs and their contents; a second trim finds nothing more. Every slab
+   keeps one live object, so no slab empties. */
+Test(heap, malloc_trim_gives_back_free_medium_objects)
+{
+    gsi_option_set(GSI_OPT_DECAY_MS, 3600 * 1000); /* no decay pass meanwhile */
+    enum { N = 48, SIZE = 70000 };
+    static char *p[N];
+    static bool live[N], deferred[N];
+    for (int i = 0; i < N; i++) {
+        cr_assert_not_null(p[i] = malloc(SIZE));
+        memset(p[i], i + 1, SIZE);
+    }
+    size_t obj = gsi_slab_of(p[0])->obj_size;
+    for (int i = 0; i < N; i++) {
+        live[i] = true;
+        for (int j = 0; j < i; j++)
+            live[i] &= gsi_slab_of(p[j]) != gsi_slab_of(p[i]);
+    }
+    malloc_trim(0); /* whatever the earlier tests left */
+    gs_rcu_read_lock(); /* deferred objects stay pending */
+    int nfree = 0;
+    for (int i = 0; i < N; i++) {
+        if (live[i])
+            continue;
+        deferred[i] = i % 4 == 1;
+        if (deferred[i])
+            gs_free_rcu(p[i]);
+        else
+            free(p[i]);
+        nfree += !deferred[i];
+    }
+    cr_assert_gt(nfree, 10);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(resident_pages(p[i], obj), obj / GS_PAGE, "object %d lost pages at free", i);
+    cr_assert_eq(malloc_trim(0), 1, "nothing given back");
+    for (int i = 0; i < N; i++) {
+        if (live[i] || deferred[i]) {
+            cr_assert_eq(resident_pages(p[i], obj), obj / GS_PAGE, "object %d lost pages", i);
+            for (size_t k = 0; k < SIZE; k += 997)
+                cr_assert_eq(p[i][k], (char)(i + 1), "object %d changed at %zu", i, k);
+        } else {
+            cr_assert_eq(resident_pages(p[i], obj), 0, "free object %d kept its pages", i);
+        }
+    }
+    cr_assert_eq(malloc_trim(0), 0, "a second trim found memory to give back");
+    gs_rcu_read_unlock();
+    for (int i = 0; i < N; i++)
+        if (live[i])
+            free(p[i]);
+    gs_reclaim(SIZE_MAX);
+}
