@@ -1066,6 +1066,22 @@ static size_t resident_pages(const void *p, size_t len)
     return n;
 }
 
+/* Allocates n medium objects of size bytes, each filled with its index
+   + 1; live[i] is set for the first object of each slab (the one a test
+   keeps, so that no slab empties). */
+static void medium_objects(char **p, bool *live, int n, size_t size)
+{
+    for (int i = 0; i < n; i++) {
+        cr_assert_not_null(p[i] = malloc(size));
+        memset(p[i], i + 1, size);
+    }
+    for (int i = 0; i < n; i++) {
+        live[i] = true;
+        for (int j = 0; j < i; j++)
+            live[i] &= gsi_slab_of(p[j]) != gsi_slab_of(p[i]);
+    }
+}
+
 /* decay.c: a medium object found free at two decay passes in a row gives
    its pages back; one pass is not enough; live objects and objects waiting
    for a grace period (a reader holds it) keep theirs and their contents;
@@ -1077,18 +1093,9 @@ Test(heap, idle_medium_objects_decay)
     enum { N = 64, SIZE = 40000 };
     static char *p[N];
     static bool live[N], deferred[N];
-    for (int i = 0; i < N; i++) {
-        cr_assert_not_null(p[i] = malloc(SIZE));
-        memset(p[i], i + 1, SIZE);
-    }
+    medium_objects(p, live, N, SIZE);
     size_t obj = gsi_slab_of(p[0])->obj_size;
     int nfree = 0, ndefer = 0;
-    for (int i = 0; i < N; i++) {
-        bool first_of_slab = true;
-        for (int j = 0; j < i; j++)
-            first_of_slab &= gsi_slab_of(p[j]) != gsi_slab_of(p[i]);
-        live[i] = first_of_slab;
-    }
     struct gs_heap *h = gsi_tls_mine;
     unsigned cls = gsi_size_class(SIZE);
     cr_assert_geq(cls, GS_FIRST_MEDIUM_CLASS);
@@ -1155,16 +1162,8 @@ Test(heap, malloc_trim_gives_back_free_medium_objects)
     enum { N = 48, SIZE = 70000 };
     static char *p[N];
     static bool live[N], deferred[N];
-    for (int i = 0; i < N; i++) {
-        cr_assert_not_null(p[i] = malloc(SIZE));
-        memset(p[i], i + 1, SIZE);
-    }
+    medium_objects(p, live, N, SIZE);
     size_t obj = gsi_slab_of(p[0])->obj_size;
-    for (int i = 0; i < N; i++) {
-        live[i] = true;
-        for (int j = 0; j < i; j++)
-            live[i] &= gsi_slab_of(p[j]) != gsi_slab_of(p[i]);
-    }
     malloc_trim(0); /* whatever the earlier tests left */
     gs_rcu_read_lock(); /* deferred objects stay pending */
     int nfree = 0;
