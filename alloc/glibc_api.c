@@ -1,15 +1,18 @@
 /*
- * glibc's malloc extensions that programs call on whatever malloc they
- * run on: malloc_trim, mallinfo2, mallinfo, malloc_stats. Without these,
- * the calls would reach glibc's own (which describe and trim glibc's
- * unused arena: zeros, and nothing given back). mallopt and malloc_info
- * stay glibc's: graceslab has no equivalent of glibc's tuning parameters,
- * and malloc_info writes through stdio.
+ * glibc's malloc extensions, graceslab's own: malloc_trim, mallinfo2,
+ * mallinfo, malloc_stats and malloc_info trim and describe graceslab's
+ * memory (glibc's would describe its unused arena: zeros, and nothing
+ * given back); mallopt takes glibc's parameters and changes nothing
+ * (graceslab's options are GRACESLAB_* variables). Every one is defined so
+ * that a fully static program calling it links: libc.a defines them all in
+ * one object with its whole malloc (tests/unit/fully_static.c).
  */
 #include "alloc/internal.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <malloc.h>
+#include <stdio.h>
 
 /* From the static archive this object must bring the allocator it
    describes: a program that calls malloc_trim or mallinfo2 but never
@@ -89,4 +92,48 @@ GS_EXPORT struct mallinfo __libc_mallinfo(void) __attribute__((alias("mallinfo")
 GS_EXPORT void malloc_stats(void)
 {
     gsi_stats_print();
+}
+
+/* glibc's tuning parameters mean nothing to graceslab: accepted and
+   ignored, with glibc's answer (1, except for a fast-bin limit outside
+   0..80 * sizeof(size_t) / 4, which glibc 2.36 refuses), so that programs
+   that check it see what they would see on glibc. */
+GS_EXPORT int mallopt(int param, int value)
+{
+    if (param == M_MXFAST)
+        return value >= 0 && (size_t)value <= 80 * sizeof(size_t) / 4;
+    return 1;
+}
+
+/* glibc's XML, with the elements whose meaning graceslab's figures share
+   (mallinfo2's, above): "rest" the free bytes of the small-block memory
+   and the large-block cache, "mmap" the live large blocks, "system" the
+   memory committed, "aspace" the address space mapped. No <sizes> (glibc
+   lists its free chunks by size; graceslab has none) and no "max"
+   (graceslab keeps no peak). Called by the program, never from inside
+   graceslab, so stdio may allocate here. */
+GS_EXPORT int malloc_info(int options, FILE *fp)
+{
+    if (options != 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    struct gs_stats st;
+    gs_stats_get(&st);
+    struct mallinfo2 mi = mallinfo2();
+    fprintf(fp,
+            "<malloc version=\"1\">\n"
+            "<heap nr=\"0\">\n<sizes>\n</sizes>\n"
+            "<total type=\"rest\" count=\"0\" size=\"%zu\"/>\n"
+            "<system type=\"current\" size=\"%zu\"/>\n"
+            "<aspace type=\"total\" size=\"%zu\"/>\n"
+            "</heap>\n"
+            "<total type=\"rest\" count=\"0\" size=\"%zu\"/>\n"
+            "<total type=\"mmap\" count=\"0\" size=\"%zu\"/>\n"
+            "<system type=\"current\" size=\"%zu\"/>\n"
+            "<aspace type=\"total\" size=\"%zu\"/>\n"
+            "</malloc>\n",
+            mi.fordblks, st.committed_bytes, st.mapped_bytes, mi.fordblks, mi.hblkhd,
+            st.committed_bytes, st.mapped_bytes);
+    return 0;
 }

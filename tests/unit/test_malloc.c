@@ -8,6 +8,8 @@
 #include "graceslab.h"
 #include "../common.h"
 
+#include <dlfcn.h>
+#include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -603,6 +605,69 @@ Test(malloc, mallinfo2_counts_small_and_large_blocks)
     cr_assert_eq(c.uordblks, a.uordblks);
     cr_assert_eq(c.hblkhd, a.hblkhd);
     cr_assert_geq(c.fordblks, (size_t)N * 1000, "freed blocks not counted free");
+}
+
+/* mallopt is graceslab's (a fully static program that calls it must link
+   without glibc's malloc object; tests/unit/fully_static.c) and answers
+   as glibc's does, which the test asks too (it tunes glibc's unused
+   arena, nothing else). */
+Test(malloc, mallopt_answers_as_glibc)
+{
+    void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+    cr_assert_not_null(libc);
+    int (*glibc_mallopt)(int, int) = (int (*)(int, int))dlsym(libc, "mallopt");
+    cr_assert_not_null(glibc_mallopt);
+    cr_assert_neq((void *)glibc_mallopt, (void *)mallopt, "mallopt is glibc's");
+    static const int params[] = {M_MXFAST,   M_TRIM_THRESHOLD, M_TOP_PAD,    M_MMAP_THRESHOLD,
+                                 M_MMAP_MAX, M_CHECK_ACTION,   M_PERTURB,    M_ARENA_TEST,
+                                 M_ARENA_MAX, 0,               12345,        -100};
+    static const int values[] = {INT_MIN, -1, 0, 1, 64, 160, 161, 4096, 1 << 20, 32 << 20,
+                                 (32 << 20) + 1, INT_MAX};
+    for (size_t i = 0; i < sizeof params / sizeof params[0]; i++)
+        for (size_t j = 0; j < sizeof values / sizeof values[0]; j++) {
+            int ours = mallopt(params[i], values[j]), theirs = glibc_mallopt(params[i], values[j]);
+            cr_assert_eq(ours, theirs, "mallopt(%d, %d): %d, glibc %d", params[i], values[j],
+                         ours, theirs);
+        }
+    glibc_mallopt(M_PERTURB, 0);
+    glibc_mallopt(M_CHECK_ACTION, 3);
+    dlclose(libc);
+}
+
+/* malloc_info: glibc's XML with graceslab's figures; options other than 0
+   are EINVAL, as in glibc. */
+static size_t xml_size(const char *xml, const char *element)
+{
+    const char *at = strstr(xml, element);
+    cr_assert_not_null(at, "no %s in:\n%s", element, xml);
+    const char *size = strstr(at, "size=\"");
+    cr_assert_not_null(size);
+    return strtoull(size + 6, NULL, 10);
+}
+
+Test(malloc, malloc_info_describes_graceslab)
+{
+    void *big = malloc(8 << 20);
+    cr_assert_not_null(big);
+    char *xml = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&xml, &len);
+    cr_assert_not_null(f);
+    cr_assert_eq(malloc_info(0, f), 0);
+    fclose(f);
+    cr_assert(strncmp(xml, "<malloc version=\"1\">", 20) == 0, "%s", xml);
+    cr_assert_not_null(strstr(xml, "</malloc>"));
+    cr_assert_eq(xml_size(xml, "<total type=\"mmap\""), mallinfo2().hblkhd);
+    cr_assert_geq(xml_size(xml, "<total type=\"mmap\""), (size_t)8 << 20);
+    struct gs_stats st;
+    gs_stats_get(&st);
+    cr_assert_geq(xml_size(xml, "<system type=\"current\""), (size_t)8 << 20);
+    cr_assert_leq(xml_size(xml, "<system type=\"current\""), st.mapped_bytes);
+    free(xml);
+    free(big);
+    errno = 0;
+    cr_assert_eq(malloc_info(1, stderr), -1);
+    cr_assert_eq(errno, EINVAL);
 }
 
 static void print_stats_with_live_blocks(void *arg)
