@@ -371,17 +371,42 @@ GS_INLINE int gsi_class_aligned(size_t size, size_t align)
    segment, GS_MAP_LARGE + k for a large mapping whose start is k units back
    (k capped at GS_MAP_FAR; beyond it, walk back). Written under the lock of
    whoever maps the unit; read racily by free (a byte is atomic; a unit's
-   byte changes only while no live pointer into it exists). */
-extern _Atomic uint8_t gsi_segmap[(size_t)1 << (GS_ADDR_BITS - GS_SEGMENT_SHIFT)];
+   byte changes only while no live pointer into it exists).
+   Two levels, so that the map takes address space only where graceslab
+   maps (a flat map was 32 MiB of it, which counts against RLIMIT_AS and a
+   strict overcommit limit): gsi_segmap_top has one entry per 64 GiB
+   region, NULL (foreign) or a 16 KiB leaf of bytes, mapped by the OS
+   layer before graceslab maps anything in the region and never unmapped. */
+#define GS_MAP_LEAF_SHIFT 36 /* 64 GiB per leaf */
+#define GS_MAP_LEAF_UNITS ((size_t)1 << (GS_MAP_LEAF_SHIFT - GS_SEGMENT_SHIFT))
+extern _Atomic(_Atomic uint8_t *) gsi_segmap_top[(size_t)1 << (GS_ADDR_BITS - GS_MAP_LEAF_SHIFT)];
 #define GS_MAP_SMALL 1
 #define GS_MAP_LARGE 2
 #define GS_MAP_FAR   255
+
+/* The leaf holding 4 MiB unit u (an address >> GS_SEGMENT_SHIFT, below
+   2^GS_ADDR_BITS), or NULL. Acquire pairs with the release that publishes
+   a leaf (os.c, map_reserve): its zero bytes are seen as such. */
+GS_INLINE _Atomic uint8_t *gsi_map_leaf(uintptr_t u)
+{
+    return atomic_load_explicit(&gsi_segmap_top[u >> (GS_MAP_LEAF_SHIFT - GS_SEGMENT_SHIFT)],
+                                memory_order_acquire);
+}
+
+/* The byte of unit u. */
+GS_INLINE unsigned gsi_map_unit(uintptr_t u)
+{
+    _Atomic uint8_t *leaf = gsi_map_leaf(u);
+    if (!leaf)
+        return 0;
+    return atomic_load_explicit(&leaf[u & (GS_MAP_LEAF_UNITS - 1)], memory_order_relaxed);
+}
 
 GS_INLINE unsigned gsi_map_kind(uintptr_t a)
 {
     if (GS_UNLIKELY(a >> GS_ADDR_BITS))
         return 0;
-    return atomic_load_explicit(&gsi_segmap[a >> GS_SEGMENT_SHIFT], memory_order_relaxed);
+    return gsi_map_unit(a >> GS_SEGMENT_SHIFT);
 }
 
 void *gsi_os_map_aligned(size_t size, size_t align); /* NULL on failure */
@@ -390,6 +415,8 @@ void gsi_os_decommit(void *p, size_t size);           /* MADV_DONTNEED */
 size_t gsi_os_resident_bytes(void *p, size_t size); /* mincore; page-aligned p */
 /* 0, or mremap's error (errno itself is preserved). */
 int gsi_os_remap(void *old, size_t old_len, size_t new_len, void *fixed_new);
+/* Marks the units of [start, start+len), a range gsi_os_map_aligned or
+   gsi_os_remap gave (so their map leaves exist). */
 void gsi_map_set(void *start, size_t len, unsigned kind_first);
 void gsi_map_clear(void *start, size_t len);
 uint64_t gsi_now_ns(void);
@@ -441,7 +468,7 @@ size_t gsi_heap_decay_now(struct gs_heap *h); /* malloc_trim: all free medium ob
    pointer only if the slab named is the thread's own and the pointer is
    exactly one of its allocated objects, so a pointer that aliases another
    segment's entry, or an entry left stale, just takes the slow path (which
-   asks gsi_segmap). Entries are written under segment_lock (segment.c);
+   asks the segment map). Entries are written under segment_lock (segment.c);
    entries only ever name metadata inside a mapped segment or the
    sentinel: a segment's entries are cleared before it is unmapped, and
    while a segment shares its entries with another live segment or a live

@@ -263,7 +263,7 @@ struct gs_large *gsi_large_of(const void *p)
         /* Far inside a huge block: walk back to a unit that knows the
            distance. Only reached by pointers that are not block starts. */
         unit -= GS_MAP_FAR - GS_MAP_LARGE;
-        k = atomic_load_explicit(&gsi_segmap[unit], memory_order_relaxed);
+        k = gsi_map_unit(unit);
         if (k < GS_MAP_LARGE)
             return NULL;
     }

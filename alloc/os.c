@@ -9,10 +9,9 @@
 #include <sys/mman.h>
 #include <time.h>
 
-/* Zero-initialised, so foreign pointers are recognised even before the
-   allocator initialises. Virtual only: pages are touched where segments
-   live. */
-_Atomic uint8_t gsi_segmap[(size_t)1 << (GS_ADDR_BITS - GS_SEGMENT_SHIFT)];
+/* The segment map's top level (internal.h): zero-initialised, so foreign
+   pointers are recognised even before the allocator initialises. */
+_Atomic(_Atomic uint8_t *) gsi_segmap_top[(size_t)1 << (GS_ADDR_BITS - GS_MAP_LEAF_SHIFT)];
 
 /* Bytes currently mapped (statistics and fault injection). */
 _Atomic size_t gsi_os_mapped_bytes;
@@ -24,6 +23,34 @@ static bool injected_failure(size_t size)
         return false;
     return atomic_load_explicit(&gsi_os_mapped_bytes, memory_order_relaxed) + size >
            (size_t)limit_mb << 20;
+}
+
+/* Maps the segment-map leaves of [start, start+len) that do not exist yet.
+   Threads mapping in the same region race to publish a leaf: the CAS's
+   release (pairing with gsi_map_unit's acquire) publishes the zeroed
+   leaf; the loser unmaps its own. Leaves are never unmapped, so a leaf
+   pointer, once seen, stays valid. Not counted in gsi_os_mapped_bytes
+   (16 KiB per 64 GiB region graceslab maps in). false: no memory for a
+   leaf. */
+static bool map_reserve(uintptr_t start, size_t len)
+{
+    const size_t leaf_bytes = GS_MAP_LEAF_UNITS;
+    uintptr_t first = start >> GS_MAP_LEAF_SHIFT, last = (start + len - 1) >> GS_MAP_LEAF_SHIFT;
+    if (last >> (GS_ADDR_BITS - GS_MAP_LEAF_SHIFT))
+        return false; /* above the user address space graceslab maps in */
+    for (uintptr_t t = first; t <= last; t++) {
+        if (atomic_load_explicit(&gsi_segmap_top[t], memory_order_acquire))
+            continue;
+        void *leaf = mmap(NULL, leaf_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                          -1, 0);
+        if (leaf == MAP_FAILED)
+            return false;
+        _Atomic uint8_t *none = NULL;
+        if (!atomic_compare_exchange_strong_explicit(&gsi_segmap_top[t], &none, leaf,
+                                                     memory_order_release, memory_order_acquire))
+            munmap(leaf, leaf_bytes);
+    }
+    return true;
 }
 
 void *gsi_os_map_aligned(size_t size, size_t align)
@@ -52,6 +79,11 @@ void *gsi_os_map_aligned(size_t size, size_t align)
         munmap(raw, head);
     if (tail)
         munmap((char *)start + size, tail);
+    if (!map_reserve(start, size)) {
+        munmap((void *)start, size);
+        errno = saved;
+        return NULL;
+    }
     atomic_fetch_add_explicit(&gsi_os_mapped_bytes, size, memory_order_relaxed);
     return (void *)start;
 }
@@ -94,6 +126,12 @@ int gsi_os_remap(void *old, size_t old_len, size_t new_len, void *fixed_new)
     int saved = errno;
     if (new_len > old_len && injected_failure(new_len - old_len))
         return ENOMEM;
+    /* Growing in place may reach a new map region (fixed_new came from
+       gsi_os_map_aligned, which reserved its own). */
+    if (!fixed_new && new_len > old_len && !map_reserve((uintptr_t)old, new_len)) {
+        errno = saved;
+        return ENOMEM;
+    }
     void *r = fixed_new ? mremap(old, old_len, new_len, MREMAP_MAYMOVE | MREMAP_FIXED, fixed_new)
                         : mremap(old, old_len, new_len, 0);
     int err = r == MAP_FAILED ? errno : 0;
@@ -113,6 +151,14 @@ int gsi_os_remap(void *old, size_t old_len, size_t new_len, void *fixed_new)
    Relaxed stores: a unit is marked before any pointer into it is handed
    out (publication of the pointer orders it) and cleared only after the
    last one is gone. */
+/* The byte of unit u, whose leaf exists (map_reserve). */
+static _Atomic uint8_t *unit_byte(uintptr_t u)
+{
+    _Atomic uint8_t *leaf = gsi_map_leaf(u);
+    GS_ASSERT(leaf);
+    return &leaf[u & (GS_MAP_LEAF_UNITS - 1)];
+}
+
 void gsi_map_set(void *start, size_t len, unsigned kind_first)
 {
     uintptr_t first = (uintptr_t)start >> GS_SEGMENT_SHIFT;
@@ -123,7 +169,7 @@ void gsi_map_set(void *start, size_t len, unsigned kind_first)
             uintptr_t d = u - first;
             v = d >= GS_MAP_FAR - GS_MAP_LARGE ? GS_MAP_FAR : GS_MAP_LARGE + (unsigned)d;
         }
-        atomic_store_explicit(&gsi_segmap[u], (uint8_t)v, memory_order_relaxed);
+        atomic_store_explicit(unit_byte(u), (uint8_t)v, memory_order_relaxed);
     }
 }
 
@@ -132,7 +178,7 @@ void gsi_map_clear(void *start, size_t len)
     uintptr_t first = (uintptr_t)start >> GS_SEGMENT_SHIFT;
     uintptr_t last = ((uintptr_t)start + len - 1) >> GS_SEGMENT_SHIFT;
     for (uintptr_t u = first; u <= last; u++)
-        atomic_store_explicit(&gsi_segmap[u], 0, memory_order_relaxed);
+        atomic_store_explicit(unit_byte(u), 0, memory_order_relaxed);
 }
 
 uint64_t gsi_now_ns(void)

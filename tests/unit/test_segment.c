@@ -56,7 +56,7 @@ Test(segment, foreign_pointers_unknown)
     int local;
     cr_assert_eq(gsi_map_kind((uintptr_t)&local), 0);
     cr_assert_eq(gsi_map_kind((uintptr_t)static_array), 0);
-    cr_assert_eq(gsi_map_kind((uintptr_t)&gsi_segmap), 0);
+    cr_assert_eq(gsi_map_kind((uintptr_t)&gsi_segmap_top), 0);
     cr_assert_eq(gsi_map_kind((uintptr_t)1 << 63), 0);
     cr_assert_eq(gsi_map_kind(~(uintptr_t)0), 0);
     void *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
