@@ -9,7 +9,8 @@
  * 75 % freed, 288 MB still resident (jemalloc 289 MB until its decay
  * purges; as large blocks, before the medium classes, 75 MB).
  *
- * The owner does it, from its allocation slow path, at most once per
+ * The owner does it, from its allocation slow path and when a free
+ * empties one of its slabs, at most once per
  * GRACESLAB_DECAY_MS: an object found on its slab's local free list at two
  * passes in a row (of its heap, the slab looked at in both) has its pages
  * decommitted (madvise; it is handed out

@@ -395,7 +395,11 @@ void gsi_heap_free_emptied(const void *p, struct gs_slab *s)
     struct gs_heap *h = gsi_tls_mine;
     uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
     if (GS_LIKELY(GS_X_OWNER(x) == h->id && h != &gsi_empty_heap)) {
+        unsigned cls = s->cls;
         gsi_heap_slab_empty(h, s);
+        /* A thread that only frees (a consumer, a teardown) still decays
+           its medium objects: a slab emptying is its slow path. */
+        gsi_heap_decay(h, cls);
         return;
     }
     /* s matched this thread's key but another heap owns it: a dead

@@ -455,7 +455,8 @@ size_t gsi_heap_shared_kept_bytes(void); /* empty slabs heaps keep from the shar
 size_t gsi_heap_own_kept_bytes(void);    /* empty slabs heaps keep of their own, together */
 /* decay.c: the owner gives back the pages of medium objects that stayed
    free since its last pass (at most one pass per GRACESLAB_DECAY_MS);
-   called from h's allocation slow path for class cls. */
+   called from h's allocation slow path for class cls, and when a free
+   empties h's slab of class cls. */
 void gsi_heap_decay(struct gs_heap *h, unsigned cls);
 size_t gsi_heap_decay_now(struct gs_heap *h); /* malloc_trim: all free medium objects */
 

@@ -1151,6 +1151,65 @@ Test(heap, idle_medium_objects_decay)
     gs_reclaim(SIZE_MAX);
 }
 
+/* A thread that only frees still decays its medium objects: a free that
+   empties one of its slabs runs the pass (rate-limited as from malloc).
+   Objects freed early, then slabs emptied a few milliseconds apart with no
+   allocation at all, until two passes have run: the early ones give their
+   pages back, the live ones keep pages and contents. (A free that adopts
+   a released full slab is not the free that empties it, so not every
+   emptying runs a pass; without the hook none does.) */
+Test(heap, decay_runs_when_frees_empty_slabs)
+{
+    gsi_option_set(GSI_OPT_DECAY_MS, 1);
+    enum { N = 96, SIZE = 40000, EMPTIED = 6 };
+    static char *p[N];
+    static bool live[N], idle[N];
+    medium_objects(p, live, N, SIZE);
+    size_t obj = gsi_slab_of(p[0])->obj_size;
+    /* The slabs of the first objects are emptied later, one at a time. */
+    static struct gs_slab *emptied[EMPTIED];
+    int nslabs = 0;
+    for (int i = 0; i < N && nslabs < EMPTIED; i++)
+        if (live[i])
+            emptied[nslabs++] = gsi_slab_of(p[i]);
+    cr_assert_eq(nslabs, EMPTIED);
+    int nidle = 0;
+    for (int i = 0; i < N; i++) {
+        bool later = false;
+        for (int k = 0; k < EMPTIED; k++)
+            later |= gsi_slab_of(p[i]) == emptied[k];
+        if (!live[i] && !later) {
+            free(p[i]);
+            idle[i] = true;
+            nidle++;
+        }
+    }
+    cr_assert_gt(nidle, 20);
+    struct gs_heap *h = gsi_tls_mine;
+    uint32_t pass0 = h->decay_pass;
+    for (int k = 0; k < EMPTIED && h->decay_pass < pass0 + 2; k++) {
+        gst_sleep_ms(5);
+        for (int i = 0; i < N; i++)
+            if (!idle[i] && p[i] && gsi_slab_of(p[i]) == emptied[k]) {
+                free(p[i]);
+                p[i] = NULL;
+            }
+    }
+    cr_assert_geq(h->decay_pass, pass0 + 2, "frees that emptied slabs ran %u decay passes",
+                  h->decay_pass - pass0);
+    for (int i = 0; i < N; i++) {
+        if (idle[i])
+            cr_assert_eq(resident_pages(p[i], obj), 0, "idle object %d kept its pages", i);
+        else if (p[i])
+            for (size_t k = 0; k < SIZE; k += 997)
+                cr_assert_eq(p[i][k], (char)(i + 1), "live object %d changed at %zu", i, k);
+    }
+    for (int i = 0; i < N; i++)
+        if (p[i] && !idle[i])
+            free(p[i]);
+    gs_reclaim(SIZE_MAX);
+}
+
 /* malloc_trim gives back the pages of the calling thread's free medium
    objects at once, idle or not (glibc's trim gives back free pages inside
    its heaps); live objects and objects waiting for a grace period keep
