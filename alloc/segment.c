@@ -274,10 +274,14 @@ static void decommit_locked(struct gs_segment *seg, uint64_t mask)
     }
 }
 
+/* Returns the bytes given back: slots decommitted and segments unmapped
+   (an allocation that failed retries only if this is not 0, and with no
+   empty-slab budget every slot is decommitted before any purge: the
+   unmapped segments are then all it gives back). */
 static size_t purge_locked(bool force, uint64_t now)
 {
     uint64_t delay = (uint64_t)gsi_option(GSI_OPT_PURGE_DELAY_MS) * 1000000ull;
-    size_t before = dirty_bytes;
+    size_t before = dirty_bytes, unmapped = 0;
     bool spare = false;
     last_purge_ns = now;
     for (struct gs_segment *seg = segment_list, *next; seg; seg = next) {
@@ -294,13 +298,15 @@ static size_t purge_locked(bool force, uint64_t now)
         if (old)
             decommit_locked(seg, old);
         if (seg->free_slots == ALL_SLABS && !seg->dirty_slots) {
-            if (spare || force)
+            if (spare || force) {
                 segment_free_locked(seg);
-            else
+                unmapped += GS_SEGMENT_SIZE;
+            } else {
                 spare = true;
+            }
         }
     }
-    return before - dirty_bytes;
+    return before - dirty_bytes + unmapped;
 }
 
 /* The empty-slab budget: dirty slots plus the heaps' shared keep (heap.c)

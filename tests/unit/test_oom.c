@@ -442,6 +442,32 @@ Test(oom, threads_at_once, .timeout = 60)
     run_mode("threads");
 }
 
+/* With no empty-slab cache at all (every emptied slab decommitted at once,
+   no heap keeps any), the memory a failed allocation can win back is the
+   empty segments the reclaim unmaps: it must count them, or the
+   allocation fails for good while memory is free (only 12 of 320 KiB blocks fit
+   after freeing 32 MiB of small ones: the reclaim reported 0 bytes). */
+static void run_mode_no_cache(const char *mode)
+{
+    struct gst_exec_args a = {"GS_OOM_CHILD", mode,
+                              {"GRACESLAB_OS_FAIL_AFTER_MB=" LIMIT_MB, "GRACESLAB_EMPTY_CACHE_MB=0",
+                               "GRACESLAB_HEAP_EMPTY_KB=0", NULL}};
+    struct gst_child c;
+    cr_assert(gst_run_child(gst_exec_self, &a, &c));
+    GST_ASSERT_CHILD_OK(&c, mode);
+}
+
+Test(oom_no_empty_cache, malloc_small, .timeout = 60) { run_mode_no_cache("malloc_small"); }
+Test(oom_no_empty_cache, gs_cache_alloc_large, .timeout = 60)
+{
+    run_mode_no_cache("gs_cache_alloc_large");
+}
+Test(oom_no_empty_cache, realloc_grow_small, .timeout = 60)
+{
+    run_mode_no_cache("realloc_grow_small");
+}
+Test(oom_no_empty_cache, threads_at_once, .timeout = 60) { run_mode_no_cache("threads"); }
+
 Test(fresh_process, aligned_alloc_first_uses_slabs, .timeout = 60)
 {
     run_mode("aligned_first");

@@ -125,6 +125,35 @@ Test(segment, empty_slabs_return_to_os)
         cr_assert_eq(gsi_map_kind(some_seg), 0, "unmapped segment still in the map");
 }
 
+/* A purge reports what it gave back, unmapped segments included: with no
+   empty-slab cache, every slot is decommitted when its slab retires, and
+   the segments left empty are all a forced purge (allocation failure,
+   malloc_trim) can give back. It used to count only decommitted slots and
+   report 0: a failed allocation then never retried, and malloc_trim
+   returned 0 after unmapping 70 MB. */
+Test(segment, purge_counts_unmapped_segments)
+{
+    gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 0);
+    gsi_option_set(GSI_OPT_EMPTY_CACHE_MB, 0);
+    enum { N = 40000 };
+    static void *ptrs[N];
+    for (int i = 0; i < N; i++)
+        cr_assert_not_null(ptrs[i] = malloc(1024));
+    size_t segments = gsi_segments_count();
+    cr_assert_geq(segments, 10);
+    for (int i = 0; i < N; i++)
+        free(ptrs[i]);
+    struct gs_stats st;
+    gs_stats_get(&st);
+    size_t mapped = st.mapped_bytes;
+    size_t given = gsi_segments_purge(true);
+    gs_stats_get(&st);
+    cr_assert_lt(gsi_segments_count(), segments / 2, "%zu segments left of %zu",
+                 gsi_segments_count(), segments);
+    cr_assert_geq(given, mapped - st.mapped_bytes, "purge reported %zu bytes, unmapped %zu",
+                  given, mapped - st.mapped_bytes);
+}
+
 /* The empty-slab budget is GRACESLAB_EMPTY_CACHE_MB or half the slabs in
    use, whichever is more: with 160 MiB of slabs in use, a 60 MiB batch
    freed stays committed (a fixed 32 MiB decommitted all but 32 of it, and
