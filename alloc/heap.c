@@ -503,11 +503,15 @@ static bool slab_refill(struct gs_slab *s)
    rather than map a new slab: GRACESLAB_PENDING_EXPEDITE_KB (256 KiB by
    default) — a few slabs' worth, so a writer that defers frees keeps its
    footprint within a small bound of its live set, while short bursts never
-   block. */
+   block. With the option at 0, any waiting slab is worth waiting for, but
+   nothing waiting is not: "always" made gs_free_rcu never adopt the
+   deferred object's slab (so nothing ever waited on this heap's lists)
+   and left this heap's count out of the class's, and only the lazy sweep
+   reclaimed: 95 MiB pending for a 256 KiB live set. */
 bool gsi_heap_pending_worth_waiting(struct gs_heap *h, unsigned cls)
 {
     size_t bytes = h->waiting[cls].count * gsi_classes[cls].span * GS_SLOT_SIZE;
-    return bytes >= gsi_pending_expedite_bytes();
+    return bytes && bytes >= gsi_pending_expedite_bytes();
 }
 
 /* The oldest waiting slab of the class, if its grace period is done (after

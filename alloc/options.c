@@ -67,9 +67,10 @@ static bool parse_long(const char *s, long *out)
     for (; *s; s++) {
         if (*s < '0' || *s > '9')
             return false;
-        if (v > (__LONG_MAX__ - 9) / 10)
-            return false;
-        v = v * 10 + (*s - '0');
+        /* Saturate: however many digits, a decimal number above the cap
+           is the cap (options_parse), as the README says. */
+        if (v <= (__LONG_MAX__ - 9) / 10)
+            v = v * 10 + (*s - '0');
     }
     *out = v;
     return true;
