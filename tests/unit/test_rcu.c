@@ -584,7 +584,21 @@ static void *view_thread(void *arg)
     int *failed = arg;
     struct gsi_rcu_reader *r = &gsi_rcu_self;
     struct gsi_rcu_reader_view *v = &gsi_rcu_self_view_v2;
-#define CHECK(c) do { if (!(c)) { *failed = __LINE__; return NULL; } } while (0)
+    /* This file declares the two names as two objects (only the library's
+       alias attribute says they are one), so the compiler may keep a
+       field read through r across a write through v (the inline read
+       side): at -O2 it did, and the check after an unlock read a stale
+       nested. A compiler barrier before each check makes every read
+       fresh; the library, and a program using the inline side, name the
+       record one way each. */
+#define CHECK(c)                                                                  \
+    do {                                                                          \
+        __asm__ volatile("" ::: "memory");                                        \
+        if (!(c)) {                                                               \
+            *failed = __LINE__;                                                   \
+            return NULL;                                                          \
+        }                                                                         \
+    } while (0)
     CHECK((void *)v == (void *)r);        /* one object, two names */
     CHECK(!r->registered && !r->fast && atomic_load(&r->snap) == 0 && r->nested == 0);
     gs_rcu_read_lock();                   /* first use: registers */
