@@ -69,8 +69,10 @@ static size_t decay_slab(struct gs_slab *s, uint32_t pass)
 }
 
 /* malloc_trim's visit: every free object, idle or not, that still has
-   pages (so that a second trim reports nothing to give back, as glibc's
-   does). */
+   resident pages, so that malloc_trim returns 1 only when memory went back
+   (graceslab's rule since before decay: a second trim returns 0; glibc
+   2.36 returns 1 on every trim). An object whose pages are all in swap is
+   left as it is. */
 static size_t decay_slab_now(struct gs_slab *s, uint32_t pass)
 {
     (void)pass;

@@ -108,32 +108,36 @@ GS_EXPORT int mallopt(int param, int value)
 /* glibc's XML, with the elements whose meaning graceslab's figures share
    (mallinfo2's, above): "rest" the free bytes of the small-block memory
    and the large-block cache, "mmap" the live large blocks, "system" the
-   memory committed, "aspace" the address space mapped. No <sizes> (glibc
-   lists its free chunks by size; graceslab has none) and no "max"
-   (graceslab keeps no peak). Called by the program, never from inside
-   graceslab, so stdio may allocate here. */
+   memory committed, "aspace" the address space mapped; "fast" is empty
+   (graceslab has no fast bins). No <sizes> (glibc lists its free chunks by
+   size; graceslab has none) and no "max" (graceslab keeps no peak).
+   Options other than 0 return EINVAL, errno untouched, as glibc's do.
+   Called by the program, never from inside graceslab, so stdio may
+   allocate here. */
 GS_EXPORT int malloc_info(int options, FILE *fp)
 {
-    if (options != 0) {
-        errno = EINVAL;
-        return -1;
-    }
+    if (options != 0)
+        return EINVAL;
     struct gs_stats st;
     gs_stats_get(&st);
     struct mallinfo2 mi = mallinfo2();
     fprintf(fp,
             "<malloc version=\"1\">\n"
             "<heap nr=\"0\">\n<sizes>\n</sizes>\n"
+            "<total type=\"fast\" count=\"0\" size=\"0\"/>\n"
             "<total type=\"rest\" count=\"0\" size=\"%zu\"/>\n"
             "<system type=\"current\" size=\"%zu\"/>\n"
             "<aspace type=\"total\" size=\"%zu\"/>\n"
+            "<aspace type=\"mprotect\" size=\"%zu\"/>\n"
             "</heap>\n"
+            "<total type=\"fast\" count=\"0\" size=\"0\"/>\n"
             "<total type=\"rest\" count=\"0\" size=\"%zu\"/>\n"
             "<total type=\"mmap\" count=\"0\" size=\"%zu\"/>\n"
             "<system type=\"current\" size=\"%zu\"/>\n"
             "<aspace type=\"total\" size=\"%zu\"/>\n"
+            "<aspace type=\"mprotect\" size=\"%zu\"/>\n"
             "</malloc>\n",
-            mi.fordblks, st.committed_bytes, st.mapped_bytes, mi.fordblks, mi.hblkhd,
-            st.committed_bytes, st.mapped_bytes);
+            mi.fordblks, st.committed_bytes, st.mapped_bytes, st.mapped_bytes, mi.fordblks,
+            mi.hblkhd, st.committed_bytes, st.mapped_bytes, st.mapped_bytes);
     return 0;
 }

@@ -274,14 +274,15 @@ static void decommit_locked(struct gs_segment *seg, uint64_t mask)
     }
 }
 
-/* Returns the bytes given back: slots decommitted and segments unmapped
-   (an allocation that failed retries only if this is not 0, and with no
-   empty-slab budget every slot is decommitted before any purge: the
-   unmapped segments are then all it gives back). */
+/* Returns the bytes given back: slots decommitted, and segments unmapped
+   (less what of them this pass decommitted first). An allocation that
+   failed retries only if this is not 0, and with no empty-slab budget
+   every slot is decommitted before any purge: the unmapped segments are
+   then all it gives back. */
 static size_t purge_locked(bool force, uint64_t now)
 {
     uint64_t delay = (uint64_t)gsi_option(GSI_OPT_PURGE_DELAY_MS) * 1000000ull;
-    size_t before = dirty_bytes, unmapped = 0;
+    size_t given = 0;
     bool spare = false;
     last_purge_ns = now;
     for (struct gs_segment *seg = segment_list, *next; seg; seg = next) {
@@ -295,18 +296,23 @@ static size_t purge_locked(bool force, uint64_t now)
             if (force || (now > seg->dirty_since[i] && now - seg->dirty_since[i] >= delay))
                 old |= (uint64_t)1 << i;
         }
-        if (old)
+        size_t decommitted = 0;
+        if (old) {
+            size_t dirty = dirty_bytes;
             decommit_locked(seg, old);
+            decommitted = dirty - dirty_bytes;
+        }
+        given += decommitted;
         if (seg->free_slots == ALL_SLABS && !seg->dirty_slots) {
             if (spare || force) {
                 segment_free_locked(seg);
-                unmapped += GS_SEGMENT_SIZE;
+                given += GS_SEGMENT_SIZE - decommitted;
             } else {
                 spare = true;
             }
         }
     }
-    return before - dirty_bytes + unmapped;
+    return given;
 }
 
 /* The empty-slab budget: dirty slots plus the heaps' shared keep (heap.c)
