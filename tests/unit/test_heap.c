@@ -1082,6 +1082,23 @@ static void medium_objects(char **p, bool *live, int n, size_t size)
     }
 }
 
+/* After pages were given back: live and deferred objects keep their pages
+   and contents (each filled with its index + 1), free ones have none. */
+static void check_given_back(char **p, const bool *live, const bool *deferred, int n,
+                             size_t size)
+{
+    size_t obj = gsi_slab_of(p[0])->obj_size;
+    for (int i = 0; i < n; i++) {
+        if (live[i] || deferred[i]) {
+            cr_assert_eq(resident_pages(p[i], obj), obj / GS_PAGE, "object %d lost pages", i);
+            for (size_t k = 0; k < size; k += 997)
+                cr_assert_eq(p[i][k], (char)(i + 1), "object %d changed at %zu", i, k);
+        } else {
+            cr_assert_eq(resident_pages(p[i], obj), 0, "free object %d kept its pages", i);
+        }
+    }
+}
+
 /* decay.c: a medium object found free at two decay passes in a row gives
    its pages back; one pass is not enough; live objects and objects waiting
    for a grace period (a reader holds it) keep theirs and their contents;
@@ -1124,15 +1141,7 @@ Test(heap, idle_medium_objects_decay)
                          "object %d decayed after one pass", i);
     gst_sleep_ms(5);
     gsi_heap_decay(h, cls);
-    for (int i = 0; i < N; i++) {
-        if (live[i] || deferred[i]) {
-            cr_assert_eq(resident_pages(p[i], obj), obj / GS_PAGE, "object %d lost pages", i);
-            for (size_t k = 0; k < SIZE; k += 997)
-                cr_assert_eq(p[i][k], (char)(i + 1), "object %d changed at %zu", i, k);
-        } else {
-            cr_assert_eq(resident_pages(p[i], obj), 0, "free object %d kept its pages", i);
-        }
-    }
+    check_given_back(p, live, deferred, N, SIZE);
     gs_rcu_read_unlock();
     /* Decayed objects come back as usable memory. */
     static char *q[N];
@@ -1240,15 +1249,7 @@ Test(heap, malloc_trim_gives_back_free_medium_objects)
     for (int i = 0; i < N; i++)
         cr_assert_eq(resident_pages(p[i], obj), obj / GS_PAGE, "object %d lost pages at free", i);
     cr_assert_eq(malloc_trim(0), 1, "nothing given back");
-    for (int i = 0; i < N; i++) {
-        if (live[i] || deferred[i]) {
-            cr_assert_eq(resident_pages(p[i], obj), obj / GS_PAGE, "object %d lost pages", i);
-            for (size_t k = 0; k < SIZE; k += 997)
-                cr_assert_eq(p[i][k], (char)(i + 1), "object %d changed at %zu", i, k);
-        } else {
-            cr_assert_eq(resident_pages(p[i], obj), 0, "free object %d kept its pages", i);
-        }
-    }
+    check_given_back(p, live, deferred, N, SIZE);
     cr_assert_eq(malloc_trim(0), 0, "a second trim found memory to give back");
     gs_rcu_read_unlock();
     for (int i = 0; i < N; i++)
