@@ -29,9 +29,11 @@
 
 /* ------------------------------------------------------------ fast paths */
 
-/* Allocates from class cls of h, a real heap (under memcheck, not the
-   fast paths' empty heap): the aligned slow path's way in. Every block
-   handed out is announced to memcheck, here as in gsi_heap_alloc_slow. */
+/* Allocates from class cls of h: the aligned slow path's and the medium
+   classes' way in. h may be the empty heap (a thread without one, or any
+   thread under memcheck): its active slabs are empty, so the slow path
+   makes or finds the real one. Every block handed out is announced to
+   memcheck, here as in gsi_heap_alloc_slow. */
 GS_INLINE void *alloc_class(struct gs_heap *h, unsigned cls, size_t size)
 {
     struct gs_slab *s = h->active[cls];
@@ -53,14 +55,8 @@ static GS_NOINLINE void *malloc_small_slow(size_t size)
    a heap sees the empty heap, whose active slabs are all empty. */
 static GS_NOINLINE void *malloc_large(size_t size)
 {
-    if (size <= GS_SMALL_MAX) {
-        struct gs_heap *h = gsi_tls_heap;
-        unsigned cls = gsi_class_above_1k(size);
-        struct gs_slab *s = h->active[cls];
-        if (GS_LIKELY(s->free_head != GS_LINK_END))
-            return gsi_slab_pop(s);
-        return gsi_heap_alloc_slow(h, cls, size);
-    }
+    if (size <= GS_SMALL_MAX)
+        return alloc_class(gsi_tls_heap, gsi_class_above_1k(size), size);
     if (size > PTRDIFF_MAX) {
         errno = ENOMEM;
         return NULL;
