@@ -516,7 +516,8 @@ bool gsi_heap_pending_worth_waiting(struct gs_heap *h, unsigned cls)
 
 /* The oldest waiting slab of the class, if its grace period is done (after
    nudging the engine: non-blocking), or after waiting for it when `wait`
-   (inside a reader, after having the lazy thread drive it). */
+   (inside a reader: having the lazy thread drive it, and for at most
+   GS_READER_WAIT_NS if the grace period in progress completes it). */
 static struct gs_slab *waiting_ready(struct gs_heap *h, unsigned cls, bool wait)
 {
     struct gs_slab *s = h->waiting[cls].first;
@@ -529,9 +530,10 @@ static struct gs_slab *waiting_ready(struct gs_heap *h, unsigned cls, bool wait)
     if (!wait && gsi_rcu_in_reader() && gsi_heap_pending_worth_waiting(h, cls))
         gsi_rcu_expedite();
     if (!gsi_gp_done(s->wait_cookie)) {
-        if (wait)
-            gsi_gp_wait_or_expedite(s->wait_cookie);
-        else
+        if (wait) {
+            if (!gsi_gp_wait_or_expedite(s->wait_cookie))
+                gsi_gp_wait_in_reader(s->wait_cookie, GS_READER_WAIT_NS);
+        } else
             gsi_gp_advance();
         if (!gsi_gp_done(s->wait_cookie))
             return NULL;

@@ -684,6 +684,18 @@ GS_INLINE size_t gsi_pending_expedite_bytes(void)
 {
     return (size_t)gsi_option(GSI_OPT_PENDING_EXPEDITE_KB) << 10;
 }
+/* Past the pending bound inside a read-side section, an allocation cannot
+   wait for the next grace period (it waits for the caller), but it can for
+   the one in progress if that one started before the section did
+   (gsi_gp_wait_in_reader): for at most this long. The pending memory of
+   threads that allocate and defer inside sections is their allocation
+   rate times the grace-period latency, and without the wait nothing
+   slowed them when the latency grew (preempted readers on a busier
+   machine): eight writers inside sections on two CPUs, three other
+   processes taking the CPUs from half-way, peaked at 66 to 83 MiB; with
+   it, 48 to 51 MiB. Bounded, because the section may hold a lock that a
+   reader of that grace period wants. */
+#define GS_READER_WAIT_NS 20000000u
 /* Makes sure the engine's lazy thread sweeps pending memory later. */
 void gsi_pending_kick(void);
 extern _Atomic bool gsi_pending_unarmed;

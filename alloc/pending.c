@@ -565,8 +565,13 @@ bool gsi_pending_reclaim_class(unsigned cls)
     gsi_heaps_foreach(add_class_pending, &cc);
     if (cc.n <= 0 || (size_t)cc.n * gsi_classes[cls].size < gsi_pending_expedite_bytes())
         return false;
-    if (!gsi_gp_wait_or_expedite(gsi_gp_cookie()))
+    if (!gsi_gp_wait_or_expedite(gsi_gp_cookie())) {
+        /* The end of the grace period in progress (or of the last one, if
+           none is: done). Relaxed: only names it. */
+        uint64_t seq = atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed);
+        gsi_gp_wait_in_reader((seq + 1) & ~(uint64_t)1, GS_READER_WAIT_NS);
         return light_sweep(cls);
+    }
     return gsi_pending_sweep(NULL) > 0;
 }
 

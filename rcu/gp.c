@@ -323,6 +323,57 @@ void gsi_gp_wait_background(uint64_t cookie)
     gp_wait(cookie, 0);
 }
 
+/* The grace period (its start) this thread last gave up waiting for
+   inside a section (gsi_gp_wait_in_reader): a section holding a lock that
+   a reader of that grace period waits for would time out on every call;
+   once per grace period and thread is enough. */
+static __thread uint64_t wait_in_reader_gave_up __attribute__((tls_model("initial-exec")));
+
+bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns)
+{
+    if (gsi_gp_done(cookie))
+        return true;
+    /* Relaxed: the thread's own record. Inside, the outermost lock's
+       snapshot of the sequence: odd if a grace period was open then, and
+       that one (start == snap) does not wait for this thread, which it
+       scans as entered at its start (gp.c, reader.c). The anonymous mark
+       makes every grace period wait. Only that grace period's end can
+       complete cookies up to snap + 1; every later one waits for us. */
+    uint64_t snap = atomic_load_explicit(&gsi_rcu_self.snap, memory_order_relaxed);
+    if (snap == 0 || snap == GSI_RCU_SNAP_ANON || !(snap & 1) || cookie > snap + 1 ||
+        snap == wait_in_reader_gave_up)
+        return false;
+    int saved_errno = errno;
+    uint64_t deadline = gsi_now_ns() + max_ns;
+    gsi_gp_advance(); /* one non-blocking step, in case nobody drives it */
+    for (;;) {
+        /* Relaxed: decides only whether to keep waiting; the answer comes
+           from gsi_gp_done() (acquire) below. */
+        if (atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) != snap)
+            break;
+        uint64_t now = gsi_now_ns();
+        if (now >= deadline) {
+            wait_in_reader_gave_up = snap;
+            break;
+        }
+        /* gp_wait()'s protocol for sleepers on gp_events: seq_cst
+           increment of the count and load of gp_events, against
+           gp_event()'s seq_cst bump and load of the count
+           (store-buffering): either the end's bump is seen, and the futex
+           returns at once, or the end sees this sleeper and wakes it. */
+        atomic_fetch_add_explicit(&gp_event_waiters, 1, memory_order_seq_cst);
+        uint32_t ev = atomic_load_explicit(&gp_events, memory_order_seq_cst);
+        if (atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) == snap) {
+            uint64_t left = deadline - now;
+            struct timespec t = {(time_t)(left / 1000000000u), (long)(left % 1000000000u)};
+            gsi_futex_wait(&gp_events, ev, &t);
+        }
+        atomic_fetch_sub_explicit(&gp_event_waiters, 1, memory_order_relaxed);
+    }
+    errno = saved_errno;
+    return gsi_gp_done(cookie);
+}
+
 GS_EXPORT void gs_synchronize_rcu(void)
 {
     check_not_reader("gs_synchronize_rcu");

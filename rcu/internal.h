@@ -65,6 +65,16 @@ void gsi_rcu_expedite(void);
    instead (false: nothing completed yet). */
 bool gsi_gp_wait_or_expedite(uint64_t cookie);
 
+/* Inside a read-side critical section: waits, at most max_ns, for the
+   grace period named by cookie, but only if the grace period in progress
+   completes it and does not wait for the caller (it started before the
+   caller's outermost gs_rcu_read_lock()). True if the cookie is done.
+   Bounded, because the caller's section may hold a lock that a reader
+   this grace period waits for wants; and after one time-out, the thread
+   does not wait for the same grace period again. Outside a section it
+   returns gsi_gp_done(cookie) without waiting. Keeps errno. */
+bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns);
+
 /* The allocator's exit destructor calls this on the exiting thread: from
    then on the thread never links its reader record (its read-side sections
    are anonymous; rcu/thread.c), which covers a thread whose first section

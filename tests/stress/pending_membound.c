@@ -171,7 +171,9 @@ Test(pending_membound, two_writers_no_reader, .timeout = 900)
 #define INREADER_WRITERS 8
 /* Growth allowed in the second half. Measured (2 CPUs, 13 s halves): 0.3
    to 7.4 MiB here (9 runs); 29 to 39 MiB before the lazy thread drove
-   grace periods for such writers. */
+   grace periods for such writers. Other processes that take the CPUs
+   from half-way raise the grace-period latency, and the footprint with
+   it: this can then fail (docs/reliability.md). */
 #define INREADER_SLACK ((size_t)16 << 20)
 
 static _Atomic size_t half_hwm; /* VmHWM when half was done (0: not yet) */

@@ -209,6 +209,106 @@ Test(rcu, gp_does_not_wait_for_new_readers)
     holder_stop(&young);
 }
 
+/* gsi_gp_wait_in_reader(): inside a section, the allocator may wait for
+   the grace period in progress when that one started before the section
+   (it does not wait for the section), and must never wait for one that
+   does. */
+
+/* Waits until a grace period is open (the syncer's), returns its start. */
+static uint64_t open_grace_period(uint64_t started_before)
+{
+    while (gsi_gp_started() == started_before)
+        sleep_ms(1);
+    uint64_t start = atomic_load(&gsi_gp_seq);
+    cr_assert(start & 1, "no grace period open");
+    return start;
+}
+
+/* Registers, has `old` enter a section and a syncer open a grace period,
+   then enters a section itself, after the start: that grace period does
+   not wait for this thread. Returns its start. */
+static uint64_t enter_after_start(struct holder *old, struct syncer *s)
+{
+    gs_rcu_register_thread();
+    uint64_t started = gsi_gp_started();
+    holder_start(old);
+    syncer_start(s);
+    uint64_t start = open_grace_period(started);
+    gs_rcu_read_lock();
+    return start;
+}
+
+/* A bound no test waits out: a wait that should not happen times the
+   test out. */
+#define HOUR_NS ((uint64_t)3600 * 1000000000u)
+
+static void *release_later(void *arg)
+{
+    sleep_ms(100);
+    holder_stop(arg);
+    return NULL;
+}
+
+Test(rcu, wait_in_reader_waits_for_the_grace_period_it_does_not_hold, .timeout = 60)
+{
+    struct holder old;
+    struct syncer s;
+    uint64_t start = enter_after_start(&old, &s);
+    pthread_t rel;
+    cr_assert_eq(pthread_create(&rel, NULL, release_later, &old), 0);
+    errno = 1234;
+    cr_assert(gsi_gp_wait_in_reader(start + 1, HOUR_NS),
+              "the grace period in progress did not end although only `old` held it");
+    cr_assert_eq(errno, 1234, "errno changed");
+    cr_assert(gsi_gp_done(start + 1));
+    cr_assert_not(atomic_load(&old.inside), "the grace period ended with `old` still inside");
+    cr_assert(gsi_rcu_in_reader());
+    /* Every later grace period waits for this section: refused at once. */
+    cr_assert_not(gsi_gp_wait_in_reader(gsi_gp_cookie(), HOUR_NS));
+    gs_rcu_read_unlock();
+    pthread_join(rel, NULL);
+    pthread_join(s.t, NULL);
+    gs_rcu_unregister_thread();
+}
+
+Test(rcu, wait_in_reader_never_waits_for_a_grace_period_it_holds, .timeout = 60)
+{
+    gs_rcu_register_thread();
+    /* Outside a section: only the answer, no wait. */
+    cr_assert_not(gsi_gp_wait_in_reader(gsi_gp_cookie(), HOUR_NS));
+    gs_rcu_read_lock(); /* before the start: the grace period waits for us */
+    struct syncer s;
+    uint64_t started = gsi_gp_started();
+    syncer_start(&s);
+    uint64_t start = open_grace_period(started);
+    cr_assert_not(gsi_gp_wait_in_reader(start + 1, HOUR_NS),
+                  "waited for a grace period that waits for the caller");
+    cr_assert_not(atomic_load(&s.done));
+    gs_rcu_read_unlock();
+    pthread_join(s.t, NULL);
+    cr_assert(gsi_gp_done(start + 1));
+}
+
+Test(rcu, wait_in_reader_is_bounded_and_gives_up_once, .timeout = 60)
+{
+    struct holder old;
+    struct syncer s;
+    uint64_t start = enter_after_start(&old, &s);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cr_assert_not(gsi_gp_wait_in_reader(start + 1, 200000000u),
+                  "the grace period ended with `old` still inside");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    cr_assert_geq(waited, 0.2, "gave up after %.3f s of a 0.2 s bound", waited);
+    /* The same grace period again: given up already. */
+    cr_assert_not(gsi_gp_wait_in_reader(start + 1, HOUR_NS));
+    gs_rcu_read_unlock();
+    holder_stop(&old);
+    pthread_join(s.t, NULL);
+    gs_rcu_unregister_thread();
+}
+
 Test(rcu, only_waited_readers_wake_the_driver)
 {
     /* Registered now, so that the sections below are not anonymous ones
