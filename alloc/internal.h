@@ -693,7 +693,7 @@ GS_INLINE size_t gsi_pending_expedite_bytes(void)
    slowed them when the latency grew (preempted readers on a busier
    machine): eight writers inside sections on two CPUs, three other
    processes taking the CPUs from half-way, peaked at 66 to 83 MiB; with
-   it, 48 to 51 MiB. Bounded, because the section may hold a lock that a
+   it, 48 to 55 MiB. Bounded, because the section may hold a lock that a
    reader of that grace period wants. */
 #define GS_READER_WAIT_NS 20000000u
 /* Makes sure the engine's lazy thread sweeps pending memory later. */

@@ -569,8 +569,11 @@ bool gsi_pending_reclaim_class(unsigned cls)
         /* The end of the grace period in progress (or of the last one, if
            none is: done). Relaxed: only names it. */
         uint64_t seq = atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed);
-        gsi_gp_wait_in_reader((seq + 1) & ~(uint64_t)1, GS_READER_WAIT_NS);
-        return light_sweep(cls);
+        bool ended = gsi_gp_wait_in_reader((seq + 1) & ~(uint64_t)1, GS_READER_WAIT_NS);
+        /* Also true once that grace period has ended, whoever's sweep
+           followed it up: the caller looks at the orphan list again
+           before mapping. */
+        return light_sweep(cls) || ended;
     }
     return gsi_pending_sweep(NULL) > 0;
 }

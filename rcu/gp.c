@@ -323,11 +323,18 @@ void gsi_gp_wait_background(uint64_t cookie)
     gp_wait(cookie, 0);
 }
 
-/* The grace period (its start) this thread last gave up waiting for
-   inside a section (gsi_gp_wait_in_reader): a section holding a lock that
-   a reader of that grace period waits for would time out on every call;
-   once per grace period and thread is enough. */
+/* After a time-out inside a section (gsi_gp_wait_in_reader), the thread
+   does not wait for that grace period again, nor inside any section for
+   READER_BACKOFF_NS: a section that holds a lock which a reader of the
+   grace period wants would otherwise time out on every call, and again on
+   every grace period. */
+#define READER_BACKOFF_NS 100000000u
 static __thread uint64_t wait_in_reader_gave_up __attribute__((tls_model("initial-exec")));
+static __thread uint64_t wait_in_reader_backoff_until __attribute__((tls_model("initial-exec")));
+/* Sleep slice: between slices the waiter drives the grace period itself
+   (gsi_gp_advance), in case nobody else does (the lazy thread busy with
+   callbacks, or not running). */
+#define READER_SLICE_NS 1000000u
 
 bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns)
 {
@@ -344,16 +351,22 @@ bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns)
         snap == wait_in_reader_gave_up)
         return false;
     int saved_errno = errno;
-    uint64_t deadline = gsi_now_ns() + max_ns;
-    gsi_gp_advance(); /* one non-blocking step, in case nobody drives it */
+    uint64_t now = gsi_now_ns();
+    if (now < wait_in_reader_backoff_until) {
+        errno = saved_errno;
+        return false;
+    }
+    uint64_t deadline = max_ns > UINT64_MAX - now ? UINT64_MAX : now + max_ns;
     for (;;) {
+        gsi_gp_advance(); /* non-blocking; ends it if nobody else would */
         /* Relaxed: decides only whether to keep waiting; the answer comes
            from gsi_gp_done() (acquire) below. */
         if (atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) != snap)
             break;
-        uint64_t now = gsi_now_ns();
+        now = gsi_now_ns();
         if (now >= deadline) {
             wait_in_reader_gave_up = snap;
+            wait_in_reader_backoff_until = now + READER_BACKOFF_NS;
             break;
         }
         /* gp_wait()'s protocol for sleepers on gp_events: seq_cst
@@ -364,8 +377,8 @@ bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns)
         atomic_fetch_add_explicit(&gp_event_waiters, 1, memory_order_seq_cst);
         uint32_t ev = atomic_load_explicit(&gp_events, memory_order_seq_cst);
         if (atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) == snap) {
-            uint64_t left = deadline - now;
-            struct timespec t = {(time_t)(left / 1000000000u), (long)(left % 1000000000u)};
+            uint64_t left = deadline - now < READER_SLICE_NS ? deadline - now : READER_SLICE_NS;
+            struct timespec t = {0, (long)left};
             gsi_futex_wait(&gp_events, ev, &t);
         }
         atomic_fetch_sub_explicit(&gp_event_waiters, 1, memory_order_relaxed);

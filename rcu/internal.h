@@ -70,8 +70,9 @@ bool gsi_gp_wait_or_expedite(uint64_t cookie);
    completes it and does not wait for the caller (it started before the
    caller's outermost gs_rcu_read_lock()). True if the cookie is done.
    Bounded, because the caller's section may hold a lock that a reader
-   this grace period waits for wants; and after one time-out, the thread
-   does not wait for the same grace period again. Outside a section it
+   this grace period waits for wants; and after a time-out the thread does
+   not wait for the same grace period again, nor at all for 100 ms. Drives
+   the grace period itself between 1 ms sleeps. Outside a section it
    returns gsi_gp_done(cookie) without waiting. Keeps errno. */
 bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns);
 

@@ -261,7 +261,9 @@ Test(rcu, wait_in_reader_waits_for_the_grace_period_it_does_not_hold, .timeout =
               "the grace period in progress did not end although only `old` held it");
     cr_assert_eq(errno, 1234, "errno changed");
     cr_assert(gsi_gp_done(start + 1));
-    cr_assert_not(atomic_load(&old.inside), "the grace period ended with `old` still inside");
+    /* (`inside` is cleared after the unlock: the flag it was told to
+       leave by, set before, is what the end must follow.) */
+    cr_assert(atomic_load(&old.release), "the grace period ended before `old` was let go");
     cr_assert(gsi_rcu_in_reader());
     /* Every later grace period waits for this section: refused at once. */
     cr_assert_not(gsi_gp_wait_in_reader(gsi_gp_cookie(), HOUR_NS));
@@ -306,6 +308,29 @@ Test(rcu, wait_in_reader_is_bounded_and_gives_up_once, .timeout = 60)
     gs_rcu_read_unlock();
     holder_stop(&old);
     pthread_join(s.t, NULL);
+    gs_rcu_unregister_thread();
+}
+
+/* Nobody drives the grace period (no syncer, no lazy thread): the waiter
+   ends it itself once the reader it waited for has left. (It used to
+   sleep out its whole bound.) */
+Test(rcu, wait_in_reader_drives_the_grace_period_itself, .timeout = 60)
+{
+    gs_rcu_register_thread();
+    struct holder old;
+    holder_start(&old);
+    uint64_t c = gsi_gp_cookie();
+    gsi_gp_advance(); /* starts it; `old` keeps it open */
+    uint64_t start = atomic_load(&gsi_gp_seq);
+    cr_assert(start & 1, "no grace period open");
+    cr_assert_not(gsi_gp_done(c));
+    gs_rcu_read_lock();
+    pthread_t rel;
+    cr_assert_eq(pthread_create(&rel, NULL, release_later, &old), 0);
+    cr_assert(gsi_gp_wait_in_reader(start + 1, HOUR_NS), "the grace period did not end");
+    cr_assert(gsi_gp_done(c));
+    gs_rcu_read_unlock();
+    pthread_join(rel, NULL);
     gs_rcu_unregister_thread();
 }
 
