@@ -29,6 +29,18 @@
  */
 #include "alloc/internal.h"
 
+/* Relaxed: a statistic; each slab's part is its owner's (decayed). */
+_Atomic size_t gsi_decayed_bytes;
+
+void gsi_decay_reused(struct gs_slab *s, uint64_t idx)
+{
+    uint16_t bit = (uint16_t)(1u << idx);
+    if (s->decayed & bit) {
+        s->decayed &= (uint16_t)~bit;
+        atomic_fetch_sub_explicit(&gsi_decayed_bytes, s->obj_size, memory_order_relaxed);
+    }
+}
+
 /* The objects on s's local free list, one bit each (medium slabs hold at
    most 16). */
 static uint32_t local_free_mask(struct gs_slab *s)
@@ -42,9 +54,12 @@ static uint32_t local_free_mask(struct gs_slab *s)
 }
 
 /* Decommits the objects in mask, a run of neighbours at a time; returns
-   the bytes. */
+   the bytes. Objects already decayed (not handed out since) are skipped:
+   nothing to give back. */
 static size_t decommit_objects(struct gs_slab *s, uint32_t mask)
 {
+    mask &= ~(uint32_t)s->decayed;
+    s->decayed |= (uint16_t)mask;
     size_t bytes = 0;
     while (mask) {
         unsigned first = (unsigned)__builtin_ctz(mask), n = 0;
@@ -54,6 +69,7 @@ static size_t decommit_objects(struct gs_slab *s, uint32_t mask)
         bytes += (size_t)n * s->obj_size;
         mask &= ~(uint32_t)(((uint64_t)1 << (first + n)) - ((uint64_t)1 << first));
     }
+    atomic_fetch_add_explicit(&gsi_decayed_bytes, bytes, memory_order_relaxed);
     return bytes;
 }
 

@@ -637,7 +637,7 @@ void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size)
         }
     }
     gsi_heap_decay(h, cls);
-    void *p = gsi_slab_pop(s);
+    void *p = gsi_slab_pop_counted(s);
     GS_VG_ALLOC(p, size, 0);
     return p;
 }

@@ -189,6 +189,8 @@ struct gs_slab {
                                 freed objects stay readable (memcheck) */
     uint16_t idle_free;      /* medium slabs: objects on the local list at
                                 the decay pass numbered idle_pass (decay.c) */
+    uint16_t decayed;        /* medium slabs: free objects whose pages decay
+                                gave back, not handed out since (decay.c) */
     uint32_t idle_pass;
     struct gs_slab *next, *prev; /* heap partial/waiting list (owner) */
     struct gs_slab *orphan_next, *orphan_prev; /* orphan list (orphan_lock) */
@@ -459,6 +461,10 @@ size_t gsi_heap_own_kept_bytes(void);    /* empty slabs heaps keep of their own,
    empties h's slab of class cls. */
 void gsi_heap_decay(struct gs_heap *h, unsigned cls);
 size_t gsi_heap_decay_now(struct gs_heap *h); /* malloc_trim: all free medium objects */
+/* Bytes of free medium objects whose pages decay gave back (statistics:
+   not committed). */
+extern _Atomic size_t gsi_decayed_bytes;
+void gsi_decay_reused(struct gs_slab *s, uint64_t idx);
 
 /* The fast map: the free fast path's way from a pointer to its slab
    metadata, one load and no branch. One entry per 64 KiB slot of address
@@ -548,6 +554,29 @@ GS_INLINE void gsi_slab_push(struct gs_slab *s, uint32_t idx, void *p)
     gsi_link_store(s, idx, (uint16_t)s->free_head);
     s->free_head = idx;
     s->free_ptr = p;
+}
+/* Owner: pops, counting the object committed again if decay gave its
+   pages back (the paths that may pop medium objects; small classes never
+   decay, and the small fast path pops with gsi_slab_pop). */
+GS_INLINE void *gsi_slab_pop_counted(struct gs_slab *s)
+{
+    uint64_t idx = s->free_head;
+    void *p = gsi_slab_pop(s);
+    if (GS_UNLIKELY(s->decayed))
+        gsi_decay_reused(s, idx);
+    return p;
+}
+/* The slab leaves its heap for good (retire): its decayed objects count
+   as committed again, as the rest of the slab's slots (an upper bound
+   until a purge decommits them). */
+GS_INLINE void gsi_decay_forget(struct gs_slab *s)
+{
+    if (GS_UNLIKELY(s->decayed)) {
+        atomic_fetch_sub_explicit(&gsi_decayed_bytes,
+                                  (size_t)__builtin_popcount(s->decayed) * s->obj_size,
+                                  memory_order_relaxed);
+        s->decayed = 0;
+    }
 }
 void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls);
 /* The active slab's advance charge: no run of frees reaches it (2^62). */

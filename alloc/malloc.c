@@ -39,7 +39,7 @@ GS_INLINE void *alloc_class(struct gs_heap *h, unsigned cls, size_t size)
     struct gs_slab *s = h->active[cls];
     if (GS_UNLIKELY(s->free_head == GS_LINK_END))
         return gsi_heap_alloc_slow(h, cls, size);
-    void *p = gsi_slab_pop(s);
+    void *p = gsi_slab_pop_counted(s);
     GS_VG_ALLOC(p, size, 0);
     return p;
 }
@@ -186,7 +186,7 @@ GS_INLINE void *aligned_fast(size_t size, size_t align)
     struct gs_slab *s = gsi_tls_heap->active[cls];
     if (GS_UNLIKELY(s->free_head == GS_LINK_END))
         return NULL;
-    return gsi_slab_pop(s);
+    return gsi_slab_pop_counted(s);
 }
 
 static GS_NOINLINE void *aligned_slow(size_t size, size_t align)

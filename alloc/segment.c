@@ -451,6 +451,7 @@ void gsi_slab_retire(struct gs_slab *s)
     uint64_t now = gsi_now_ns();
     /* No thread's fast path may match it any more (its owner calls this). */
     atomic_store_explicit(&s->owner_key, 0, memory_order_relaxed);
+    gsi_decay_forget(s);
     pthread_mutex_lock(&segment_lock);
     GS_ASSERT(s->kind == GS_SLAB_SMALL);
     s->kind = GS_SLAB_UNUSED;

@@ -57,6 +57,7 @@ void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
     s->typesafe = false;
     s->idle_free = 0;
     s->idle_pass = 0;
+    s->decayed = 0;
     s->wait_cookie = 0;
     s->orphaned = false;
     /* Objects not linked yet: their links may hold whatever the slots held

@@ -1116,8 +1116,10 @@ Test(heap, idle_medium_objects_decay)
     struct gs_heap *h = gsi_tls_mine;
     unsigned cls = gsi_size_class(SIZE);
     cr_assert_geq(cls, GS_FIRST_MEDIUM_CLASS);
+    struct gs_stats st0, st1, st2;
     gst_sleep_ms(5);
     gsi_heap_decay(h, cls); /* a pass with all of them allocated */
+    gs_stats_get(&st0);
     gs_rcu_read_lock(); /* no grace period ends: deferred objects stay pending */
     for (int i = 0; i < N; i++) {
         if (live[i])
@@ -1142,13 +1144,31 @@ Test(heap, idle_medium_objects_decay)
     gst_sleep_ms(5);
     gsi_heap_decay(h, cls);
     check_given_back(p, live, deferred, N, SIZE);
+    /* ...and no longer count as committed: the freed objects and the
+       slabs' never-used free ones (no slab emptied, nothing mapped: the
+       decayed pages are the whole difference). */
+    gs_stats_get(&st1);
+    cr_assert_eq(st1.mapped_bytes, st0.mapped_bytes);
+    size_t fell = st0.committed_bytes - st1.committed_bytes, capacity = 0;
+    for (int i = 0; i < N; i++)
+        if (live[i])
+            capacity += gsi_slab_of(p[i])->capacity;
+    cr_assert(fell % obj == 0 && fell >= (size_t)nfree * obj &&
+                  fell <= (capacity - (size_t)(N - nfree)) * obj,
+              "committed fell by %zu bytes; %d objects of %zu freed, %zu in their slabs",
+              fell, nfree, obj, capacity);
     gs_rcu_read_unlock();
-    /* Decayed objects come back as usable memory. */
+    /* Decayed objects come back as usable memory, and count again. */
     static char *q[N];
     for (int i = 0; i < nfree; i++) {
         cr_assert_not_null(q[i] = malloc(SIZE));
         memset(q[i], i + 7, SIZE);
     }
+    gs_stats_get(&st2);
+    cr_assert_eq(st2.mapped_bytes, st0.mapped_bytes);
+    cr_assert_eq(st2.committed_bytes - st1.committed_bytes, (size_t)nfree * obj,
+                 "committed rose by %zu bytes for %d decayed objects of %zu handed out",
+                 st2.committed_bytes - st1.committed_bytes, nfree, obj);
     for (int i = 0; i < nfree; i++) {
         cr_assert_eq(q[i][0], (char)(i + 7));
         cr_assert_eq(q[i][SIZE - 1], (char)(i + 7));
@@ -1248,8 +1268,14 @@ Test(heap, malloc_trim_gives_back_free_medium_objects)
     cr_assert_gt(nfree, 10);
     for (int i = 0; i < N; i++)
         cr_assert_eq(resident_pages(p[i], obj), obj / GS_PAGE, "object %d lost pages at free", i);
+    struct gs_stats st0, st1;
+    gs_stats_get(&st0);
     cr_assert_eq(malloc_trim(0), 1, "nothing given back");
     check_given_back(p, live, deferred, N, SIZE);
+    gs_stats_get(&st1);
+    cr_assert_geq(st0.committed_bytes - st1.committed_bytes, (size_t)nfree * obj,
+                  "committed fell by %zu bytes; %d free objects of %zu trimmed",
+                  st0.committed_bytes - st1.committed_bytes, nfree, obj);
     cr_assert_eq(malloc_trim(0), 0, "a second trim found memory to give back");
     gs_rcu_read_unlock();
     for (int i = 0; i < N; i++)
