@@ -29,15 +29,20 @@
  */
 #include "alloc/internal.h"
 
-/* Relaxed: a statistic; each slab's part is its owner's (decayed). */
-_Atomic size_t gsi_decayed_bytes;
+/* Relaxed: a statistic; each slab's part is its owner's (decayed). The
+   count goes up before a slab's bits are set and down after they are
+   cleared, so that a fork child, which may find a thread of the parent
+   between the two, can only see it too high (committed_bytes then reads
+   low by at most that thread's slab, clamped at 0 in stats.c): signed,
+   since a child's later clears could otherwise take it below zero. */
+_Atomic int64_t gsi_decayed_bytes;
 
 void gsi_decay_reused(struct gs_slab *s, uint64_t idx)
 {
     uint16_t bit = (uint16_t)(1u << idx);
     if (s->decayed & bit) {
         s->decayed &= (uint16_t)~bit;
-        atomic_fetch_sub_explicit(&gsi_decayed_bytes, s->obj_size, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&gsi_decayed_bytes, (int64_t)s->obj_size, memory_order_relaxed);
     }
 }
 
@@ -53,23 +58,29 @@ static uint32_t local_free_mask(struct gs_slab *s)
     return mask;
 }
 
-/* Decommits the objects in mask, a run of neighbours at a time; returns
-   the bytes. Objects already decayed (not handed out since) are skipped:
-   nothing to give back. */
+/* Decommits the objects in mask, a run of neighbours at a time, and marks
+   them decayed; returns the bytes newly given back (objects decayed
+   already count once). A run whose madvise fails (locked pages) stays
+   committed, unmarked. */
 static size_t decommit_objects(struct gs_slab *s, uint32_t mask)
 {
-    mask &= ~(uint32_t)s->decayed;
-    s->decayed |= (uint16_t)mask;
-    size_t bytes = 0;
+    uint32_t fresh = mask & ~(uint32_t)s->decayed;
+    size_t bytes = (size_t)__builtin_popcount(fresh) * s->obj_size;
+    atomic_fetch_add_explicit(&gsi_decayed_bytes, (int64_t)bytes, memory_order_relaxed);
     while (mask) {
         unsigned first = (unsigned)__builtin_ctz(mask), n = 0;
         while (first + n < 32 && (mask >> (first + n) & 1))
             n++;
-        gsi_os_decommit(s->start + (size_t)first * s->obj_size, (size_t)n * s->obj_size);
-        bytes += (size_t)n * s->obj_size;
-        mask &= ~(uint32_t)(((uint64_t)1 << (first + n)) - ((uint64_t)1 << first));
+        uint32_t run = (uint32_t)(((uint64_t)1 << (first + n)) - ((uint64_t)1 << first));
+        if (gsi_os_decommit(s->start + (size_t)first * s->obj_size, (size_t)n * s->obj_size)) {
+            s->decayed |= (uint16_t)run;
+        } else {
+            size_t lost = (size_t)__builtin_popcount(run & fresh) * s->obj_size;
+            atomic_fetch_sub_explicit(&gsi_decayed_bytes, (int64_t)lost, memory_order_relaxed);
+            bytes -= lost;
+        }
+        mask &= ~run;
     }
-    atomic_fetch_add_explicit(&gsi_decayed_bytes, bytes, memory_order_relaxed);
     return bytes;
 }
 
@@ -81,7 +92,8 @@ static size_t decay_slab(struct gs_slab *s, uint32_t pass)
     uint32_t idle = s->idle_pass == pass - 1 ? now_free & s->idle_free : 0;
     s->idle_free = (uint16_t)now_free;
     s->idle_pass = pass;
-    return decommit_objects(s, idle);
+    /* Decayed ones have nothing left to give back. */
+    return decommit_objects(s, idle & ~(uint32_t)s->decayed);
 }
 
 /* malloc_trim's visit: every free object, idle or not, that still has
@@ -98,7 +110,10 @@ static size_t decay_slab_now(struct gs_slab *s, uint32_t pass)
         if (gsi_os_resident_bytes(s->start + (size_t)i * s->obj_size, s->obj_size))
             mask |= (uint32_t)1 << i;
     }
-    return decommit_objects(s, mask);
+    /* Decayed ones too, if resident again (khugepaged may fill a range
+       back in): given back again, but counted as decayed once. */
+    uint32_t again = mask & s->decayed;
+    return decommit_objects(s, mask) + (size_t)__builtin_popcount(again) * s->obj_size;
 }
 
 /* Visits every medium slab of h that may have objects on its local free

@@ -413,7 +413,7 @@ GS_INLINE unsigned gsi_map_kind(uintptr_t a)
 
 void *gsi_os_map_aligned(size_t size, size_t align); /* NULL on failure */
 void gsi_os_unmap(void *p, size_t size);
-void gsi_os_decommit(void *p, size_t size);           /* MADV_DONTNEED */
+bool gsi_os_decommit(void *p, size_t size);           /* MADV_DONTNEED; false: failed (locked pages) */
 size_t gsi_os_resident_bytes(void *p, size_t size); /* mincore; page-aligned p */
 /* 0, or mremap's error (errno itself is preserved). */
 int gsi_os_remap(void *old, size_t old_len, size_t new_len, void *fixed_new);
@@ -463,7 +463,7 @@ void gsi_heap_decay(struct gs_heap *h, unsigned cls);
 size_t gsi_heap_decay_now(struct gs_heap *h); /* malloc_trim: all free medium objects */
 /* Bytes of free medium objects whose pages decay gave back (statistics:
    not committed). */
-extern _Atomic size_t gsi_decayed_bytes;
+extern _Atomic int64_t gsi_decayed_bytes; /* (signed: see decay.c) */
 void gsi_decay_reused(struct gs_slab *s, uint64_t idx);
 
 /* The fast map: the free fast path's way from a pointer to its slab
@@ -573,7 +573,7 @@ GS_INLINE void gsi_decay_forget(struct gs_slab *s)
 {
     if (GS_UNLIKELY(s->decayed)) {
         atomic_fetch_sub_explicit(&gsi_decayed_bytes,
-                                  (size_t)__builtin_popcount(s->decayed) * s->obj_size,
+                                  (int64_t)__builtin_popcount(s->decayed) * (int64_t)s->obj_size,
                                   memory_order_relaxed);
         s->decayed = 0;
     }

@@ -186,7 +186,11 @@ GS_INLINE void *aligned_fast(size_t size, size_t align)
     struct gs_slab *s = gsi_tls_heap->active[cls];
     if (GS_UNLIKELY(s->free_head == GS_LINK_END))
         return NULL;
-    return gsi_slab_pop_counted(s);
+    /* Only medium objects decay (and a small class's slab keeps its
+       `decayed` on a line this path does not otherwise read). */
+    if (GS_UNLIKELY((unsigned)cls >= GS_FIRST_MEDIUM_CLASS))
+        return gsi_slab_pop_counted(s);
+    return gsi_slab_pop(s);
 }
 
 static GS_NOINLINE void *aligned_slow(size_t size, size_t align)

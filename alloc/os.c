@@ -96,11 +96,12 @@ void gsi_os_unmap(void *p, size_t size)
     errno = saved;
 }
 
-void gsi_os_decommit(void *p, size_t size)
+bool gsi_os_decommit(void *p, size_t size)
 {
     int saved = errno;
-    madvise(p, size, MADV_DONTNEED);
+    bool ok = madvise(p, size, MADV_DONTNEED) == 0;
     errno = saved;
+    return ok;
 }
 
 size_t gsi_os_resident_bytes(void *p, size_t size)

@@ -53,8 +53,9 @@ GS_EXPORT void gs_stats_get(struct gs_stats *out)
     out->large_bytes = atomic_load_explicit(&gsi_large_live_bytes, memory_order_relaxed);
     out->allocated_bytes += out->large_bytes;
     out->mapped_bytes = atomic_load_explicit(&gsi_os_mapped_bytes, memory_order_relaxed);
-    size_t decommitted = gsi_segments_decommitted() +
-                         atomic_load_explicit(&gsi_decayed_bytes, memory_order_relaxed);
+    /* (Negative only in a fork child that caught a decay pass half done.) */
+    int64_t decayed = atomic_load_explicit(&gsi_decayed_bytes, memory_order_relaxed);
+    size_t decommitted = gsi_segments_decommitted() + (decayed > 0 ? (size_t)decayed : 0);
     out->committed_bytes = out->mapped_bytes > decommitted ? out->mapped_bytes - decommitted : 0;
     out->segments = gsi_segments_count();
     size_t heaps = 0;

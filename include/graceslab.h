@@ -187,7 +187,8 @@ struct gs_stats {
     size_t mapped_bytes;      /* address space taken from the OS, in use */
     size_t committed_bytes;   /* of which not given back with madvise
                                  (free 33..256 KiB blocks whose pages decay
-                                 or malloc_trim gave back do not count) */
+                                 or malloc_trim gave back do not count; an
+                                 empty slab counts whole until purged) */
     size_t allocated_bytes;   /* bytes in live blocks (usable sizes) */
     size_t large_bytes;       /* of which in large (mmap'd) blocks */
     size_t segments;          /* small-object segments mapped */

@@ -1180,6 +1180,44 @@ Test(heap, idle_medium_objects_decay)
     gs_reclaim(SIZE_MAX);
 }
 
+/* A free medium object whose pages cannot be given back (mlock: madvise
+   fails with EINVAL) keeps them, is not counted as given back, and is
+   tried again by the next trim once unlocked. */
+Test(heap, locked_medium_objects_stay_committed)
+{
+    gsi_option_set(GSI_OPT_DECAY_MS, 3600 * 1000); /* no decay pass meanwhile */
+    enum { N = 16, SIZE = 70000 };
+    static char *p[N];
+    static bool live[N];
+    medium_objects(p, live, N, SIZE);
+    size_t obj = gsi_slab_of(p[0])->obj_size;
+    int victim = -1;
+    for (int i = 0; i < N && victim < 0; i++)
+        if (!live[i])
+            victim = i;
+    cr_assert_geq(victim, 0);
+    malloc_trim(0); /* whatever the earlier tests left */
+    if (mlock(p[victim], obj) != 0)
+        cr_skip_test("mlock: %s (no CAP_IPC_LOCK and a small RLIMIT_MEMLOCK)", strerror(errno));
+    free(p[victim]);
+    struct gs_stats st0, st1, st2;
+    gs_stats_get(&st0);
+    malloc_trim(0);
+    gs_stats_get(&st1);
+    cr_assert_eq(resident_pages(p[victim], obj), obj / GS_PAGE, "a locked object lost its pages");
+    cr_assert_eq(st1.committed_bytes, st0.committed_bytes,
+                 "committed fell by %zu bytes for a locked object",
+                 st0.committed_bytes - st1.committed_bytes);
+    cr_assert_eq(munlock(p[victim], obj), 0);
+    malloc_trim(0);
+    gs_stats_get(&st2);
+    cr_assert_eq(resident_pages(p[victim], obj), 0, "the unlocked object kept its pages");
+    cr_assert_eq(st1.committed_bytes - st2.committed_bytes, obj);
+    for (int i = 0; i < N; i++)
+        if (i != victim)
+            free(p[i]);
+}
+
 /* A thread that only frees still decays its medium objects: a free that
    empties one of its slabs runs the pass (rate-limited as from malloc).
    Objects freed early, then slabs emptied a few milliseconds apart with no
