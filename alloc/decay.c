@@ -46,6 +46,16 @@ void gsi_decay_reused(struct gs_slab *s, uint64_t idx)
     }
 }
 
+void gsi_decay_forget(struct gs_slab *s)
+{
+    if (s->decayed) {
+        atomic_fetch_sub_explicit(&gsi_decayed_bytes,
+                                  (int64_t)__builtin_popcount(s->decayed) * (int64_t)s->obj_size,
+                                  memory_order_relaxed);
+        s->decayed = 0;
+    }
+}
+
 /* The objects on s's local free list, one bit each (medium slabs hold at
    most 16). */
 static uint32_t local_free_mask(struct gs_slab *s)

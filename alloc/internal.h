@@ -465,6 +465,10 @@ size_t gsi_heap_decay_now(struct gs_heap *h); /* malloc_trim: all free medium ob
    not committed). */
 extern _Atomic int64_t gsi_decayed_bytes; /* (signed: see decay.c) */
 void gsi_decay_reused(struct gs_slab *s, uint64_t idx);
+/* The slab leaves its heap for good (retire): its decayed objects count
+   as committed again, as the rest of the slab's slots (an upper bound
+   until a purge decommits them). */
+void gsi_decay_forget(struct gs_slab *s);
 
 /* The fast map: the free fast path's way from a pointer to its slab
    metadata, one load and no branch. One entry per 64 KiB slot of address
@@ -565,18 +569,6 @@ GS_INLINE void *gsi_slab_pop_counted(struct gs_slab *s)
     if (GS_UNLIKELY(s->decayed))
         gsi_decay_reused(s, idx);
     return p;
-}
-/* The slab leaves its heap for good (retire): its decayed objects count
-   as committed again, as the rest of the slab's slots (an upper bound
-   until a purge decommits them). */
-GS_INLINE void gsi_decay_forget(struct gs_slab *s)
-{
-    if (GS_UNLIKELY(s->decayed)) {
-        atomic_fetch_sub_explicit(&gsi_decayed_bytes,
-                                  (int64_t)__builtin_popcount(s->decayed) * (int64_t)s->obj_size,
-                                  memory_order_relaxed);
-        s->decayed = 0;
-    }
 }
 void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls);
 /* The active slab's advance charge: no run of frees reaches it (2^62). */
