@@ -218,10 +218,10 @@ void gs_stats_get(struct gs_stats *out);
  * the libgraceslab of the same version as this header (the inline code
  * reads the library's per-thread record, whose layout is below), and
  * libgraceslab is loaded at start-up (linked, or LD_PRELOAD), not with
- * dlopen(): the record is in initial-exec TLS. The record's symbol carries
- * its version (_v2): a library whose record differs, in layout or in what
- * a field means, does not export it, so the program fails to load instead
- * of reading the wrong fields.
+ * dlopen(): the record is in initial-exec TLS. The record's and the
+ * grace-period state's symbols carry their version (_v3): a library whose
+ * layout differs, or whose fields mean something else, does not export
+ * them, so the program fails to load instead of reading the wrong fields.
  * Needs C99 or later, or C++ (inline functions).
  *
  * The names below (gsi_*) are graceslab's internals, public only for the
@@ -233,42 +233,57 @@ void gs_stats_get(struct gs_stats *out);
 struct gsi_rcu_reader_view {
     uint64_t snap;               /* 0 outside; inside, the sequence seen on
                                     entry (never 0) */
-    unsigned long nested;        /* locks inside the outermost one */
-    bool fast;                   /* registered, and no fences needed
-                                    (membarrier mode) */
-    const uint64_t *gp_seq;      /* the grace-period sequence */
-    const uint32_t *gp_waiting;  /* 0, or the driver waits for the readers
+    unsigned long nested;        /* locks inside the outermost one, plus
+                                    GSI_RCU_NESTED_CALL when the outermost
+                                    lock and unlock must call the library */
+};
+/* The top bit of `nested`: the thread is not registered, or the read side
+   needs fences, or the section is an anonymous one (rcu/reader.c). Locks
+   never nest 2^63 deep, so the count below it never reaches it. */
+#define GSI_RCU_NESTED_CALL (~0UL ^ (~0UL >> 1))
+/* The grace-period state the read side reads: the library's own (it reads
+   it through its GOT, so that an executable's copy relocation of it is the
+   one copy everybody uses). */
+struct gsi_rcu_gp_view {
+    uint64_t seq;                /* the grace-period sequence */
+    uint32_t waiting;            /* 0, or the driver waits for the readers
                                     that entered before this sequence value
                                     (low half) to leave */
 };
+extern struct gsi_rcu_gp_view gsi_rcu_gp_v3;
 /* Wakes the grace-period driver that waits for readers (rcu/reader.c). */
 void gsi_rcu_wake_gp_slow(void);
 /* The calling thread's record (the library's own, under this type). The
-   suffix is the version: bump it with any change to the view's layout or
-   to what a field means (v2: gp_waiting holds a sequence mark, was 0/1). */
-extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view_v2
+   suffix is the version: bump it, with gsi_rcu_gp_v3's, with any change to
+   either view's layout or to what a field means (v2: gp_waiting held a
+   sequence mark, was 0/1; v3: the grace-period state is read directly, and
+   `nested` carries the call bit, was a separate `fast` flag). */
+extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view_v3
     __attribute__((tls_model("initial-exec")));
 
 #ifdef GRACESLAB_RCU_INLINE
 /* The steps, orders and pairings of gs_rcu_read_lock()/unlock() in
    rcu/reader.c, for the membarrier mode only: the first lock of an
-   unregistered thread, the fence mode and a bad unlock call the library
-   (the out-of-line functions, declared above this point, so these calls
-   are not the macros below). */
+   unregistered thread, the fence mode, an anonymous section and a bad
+   unlock call the library (the out-of-line functions, declared above this
+   point, so these calls are not the macros below). */
 static inline void gsi_rcu_read_lock_inline(void)
 {
-    struct gsi_rcu_reader_view *r = &gsi_rcu_self_view_v2;
-    /* Relaxed: only this thread writes its snapshot. */
-    if (__builtin_expect(__atomic_load_n(&r->snap, __ATOMIC_RELAXED) != 0, 0)) {
-        r->nested++;
-        return;
-    }
-    if (__builtin_expect(!r->fast, 0)) {
-        gs_rcu_read_lock(); /* registers, or fence mode */
+    struct gsi_rcu_reader_view *r = &gsi_rcu_self_view_v3;
+    /* Relaxed: only this thread writes its record. Inside a section
+       (snap != 0) this lock only counts; outside, `nested` is 0 or the
+       call bit. */
+    uint64_t snap = __atomic_load_n(&r->snap, __ATOMIC_RELAXED);
+    unsigned long nested = r->nested;
+    if (__builtin_expect((snap | nested) != 0, 0)) {
+        if (snap != 0)
+            r->nested = nested + 1;
+        else
+            gs_rcu_read_lock(); /* registers, or fence mode */
         return;
     }
     /* Acquire: pairs with the store that starts a grace period. */
-    uint64_t seq = __atomic_load_n(r->gp_seq, __ATOMIC_ACQUIRE);
+    uint64_t seq = __atomic_load_n(&gsi_rcu_gp_v3.seq, __ATOMIC_ACQUIRE);
     /* Release: pairs with the driver's acquire load of the snapshot. */
     __atomic_store_n(&r->snap, seq, __ATOMIC_RELEASE);
     /* Snapshot store before the critical section's loads: a compiler
@@ -278,25 +293,29 @@ static inline void gsi_rcu_read_lock_inline(void)
 
 static inline void gsi_rcu_read_unlock_inline(void)
 {
-    struct gsi_rcu_reader_view *r = &gsi_rcu_self_view_v2;
-    if (__builtin_expect(r->nested != 0, 0)) {
-        r->nested--;
+    struct gsi_rcu_reader_view *r = &gsi_rcu_self_view_v3;
+    unsigned long nested = r->nested;
+    if (__builtin_expect(nested != 0, 0)) {
+        if (nested != GSI_RCU_NESTED_CALL)
+            r->nested = nested - 1; /* inner unlock (either mode) */
+        else
+            gs_rcu_read_unlock(); /* fence mode, or an anonymous section */
         return;
     }
     uint64_t snap = __atomic_load_n(&r->snap, __ATOMIC_RELAXED);
-    if (__builtin_expect(!r->fast || snap == 0, 0)) {
-        gs_rcu_read_unlock(); /* fence mode, or aborts: no lock to undo */
+    if (__builtin_expect(snap == 0, 0)) {
+        gs_rcu_read_unlock(); /* aborts: no lock to undo */
         return;
     }
     /* Release: the critical section happens before a driver load that
        sees the record quiescent. */
     __atomic_store_n(&r->snap, 0, __ATOMIC_RELEASE);
-    /* The store above before the load of gp_waiting below
+    /* The store above before the load of `waiting` below
        (store-buffering against the driver; membarrier mode, as above). */
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     /* The driver sleeps on the low half of the sequence value that started
        its grace period: wake it only if this section began before that. */
-    uint32_t waiting = __atomic_load_n(r->gp_waiting, __ATOMIC_RELAXED);
+    uint32_t waiting = __atomic_load_n(&gsi_rcu_gp_v3.waiting, __ATOMIC_RELAXED);
     if (__builtin_expect(waiting != 0 && (int32_t)((uint32_t)snap - waiting) < 0, 0))
         gsi_rcu_wake_gp_slow();
 }

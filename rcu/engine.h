@@ -14,6 +14,7 @@
 #define GS_RCU_ENGINE_H
 
 #include "alloc/common.h"
+#include "rcu/internal.h"
 
 #include <errno.h>
 #include <linux/futex.h>
@@ -51,22 +52,18 @@ struct gsi_rcu_reader {
        driver under the registry lock. */
     _Atomic uint64_t snap;
     /* Locks nested inside the outermost one (0 when not nested): depth is
-       nested + 1 while snap != 0. Only the outermost lock and unlock then
-       write snap, one store each. Owner only (and the fork child / exit
-       destructor, which run on the owner thread). */
+       (nested & ~GSI_RCU_NESTED_CALL) + 1 while snap != 0. Only the
+       outermost lock and unlock then write snap, one store each. The top
+       bit, GSI_RCU_NESTED_CALL (graceslab.h), is set unless the thread is
+       registered in membarrier mode outside an anonymous section: then the
+       inlined read side (graceslab.h, GRACESLAB_RCU_INLINE) calls the
+       library for the outermost lock and unlock; one word serves both
+       tests. The bit changes when the record is linked or unlinked, around
+       an anonymous section and in a fork child (gsi_rcu_reader_set_call).
+       Owner only (and the fork child / exit destructor, which run on the
+       owner thread). The fields up to here are laid out as struct
+       gsi_rcu_reader_view (graceslab.h; checked in thread.c). */
     unsigned long nested;
-    /* registered && membarrier mode (!gsi_rcu_fences): the inlined read
-       side (graceslab.h, GRACESLAB_RCU_INLINE) may take its fast path;
-       otherwise it calls the library. Set when the record is linked or
-       unlinked, and again in a fork child. Owner only. */
-    bool fast;
-    /* &gsi_gp_seq and &gsi_gp_waiting, for the inlined read side, which
-       cannot name the library's globals (an executable's copy relocation
-       would split them from the library's own). Set when linked. The
-       fields up to here are laid out as struct gsi_rcu_reader_view
-       (graceslab.h; checked in thread.c). */
-    const _Atomic uint64_t *gp_seq;
-    const _Atomic uint32_t *gp_waiting;
     /* Linked into the registry? Owner writes it with the registry lock
        held; the owner reads it without. */
     bool registered;
@@ -81,6 +78,18 @@ struct gsi_rcu_reader {
 };
 
 extern __thread struct gsi_rcu_reader gsi_rcu_self;
+
+/* Locks nested inside the outermost one, without the call bit. */
+static inline unsigned long gsi_rcu_depth_inner(const struct gsi_rcu_reader *r)
+{
+    return r->nested & ~GSI_RCU_NESTED_CALL;
+}
+
+/* Sets or clears the call bit of r (owner thread), keeping the count. */
+static inline void gsi_rcu_reader_set_call(struct gsi_rcu_reader *r, bool call)
+{
+    r->nested = gsi_rcu_depth_inner(r) | (call ? GSI_RCU_NESTED_CALL : 0);
+}
 
 /* Anonymous read-side sections: when the thread cannot link its record
  * without waiting (the registry lock is held, perhaps by the very code a
@@ -102,15 +111,21 @@ extern bool gsi_rcu_fences;
 /* The grace-period sequence: (seq - GSI_GP_SEQ_BASE) / 2 grace periods have
    completed; the low bit says one is in progress. Starts at a non-zero even
    value so that a reader's snapshot is never 0. Written by the driver under
-   the GP mutex; read anywhere. */
+   the GP mutex; read anywhere.
+   gsi_gp_waiting: non-zero while the grace-period driver sleeps on this
+   futex word waiting for readers: the low half of the sequence value that
+   started the grace period (odd). The outermost unlock of a reader that
+   entered before it (gsi_rcu_unlock_wakes) wakes the driver.
+   Both live in the exported gsi_rcu_gp_v3 (defined in gp.c), which the
+   inlined read side reads directly. A program that reads it gets a copy
+   relocation (its own copy, which the dynamic linker fills from ours), so
+   the library must reach it through its GOT as well, never directly: an
+   extern declaration of a default-visibility object does that (gcc and
+   clang, with -fno-semantic-interposition too). The names below are that
+   object's fields as atomics (same size and alignment as the plain view's;
+   gsi_gp_seq is in rcu/internal.h, which the allocator reads too). */
 #define GSI_GP_SEQ_BASE 4u
-extern _Atomic uint64_t gsi_gp_seq;
-
-/* Non-zero while the grace-period driver sleeps on this futex word waiting
-   for readers: the low half of the sequence value that started the grace
-   period (odd). The outermost unlock of a reader that entered before it
-   (gsi_rcu_unlock_wakes) wakes the driver. */
-extern _Atomic uint32_t gsi_gp_waiting;
+#define gsi_gp_waiting (*(_Atomic uint32_t *)&gsi_rcu_gp_v3.waiting)
 
 /* Must the outermost unlock of a section that entered at sequence `snap`
    wake the driver, which stored `waiting` (0: nobody sleeps)? Only if the

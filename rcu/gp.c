@@ -63,8 +63,16 @@
 #include <linux/membarrier.h>
 #include <sched.h>
 
-_Atomic uint64_t gsi_gp_seq = GSI_GP_SEQ_BASE;
-_Atomic uint32_t gsi_gp_waiting;
+/* gsi_gp_seq and gsi_gp_waiting (engine.h). Exported for the inlined
+   read side; every access, here too, goes through the GOT (engine.h). A
+   cache line of its own: readers load it on every outermost lock. */
+GS_EXPORT __attribute__((aligned(64))) struct gsi_rcu_gp_view gsi_rcu_gp_v3 = {
+    .seq = GSI_GP_SEQ_BASE,
+};
+_Static_assert(sizeof(gsi_gp_seq) == sizeof(uint64_t) && sizeof(gsi_gp_waiting) == sizeof(uint32_t) &&
+                   _Alignof(_Atomic uint64_t) == _Alignof(uint64_t) &&
+                   _Alignof(_Atomic uint32_t) == _Alignof(uint32_t),
+               "the inlined read side reads them as plain integers");
 
 /* Serialises drivers. Never held across anything that may allocate. */
 static pthread_mutex_t gp_mutex = PTHREAD_MUTEX_INITIALIZER;

@@ -10,6 +10,9 @@
 #ifndef GS_RCU_INTERNAL_H
 #define GS_RCU_INTERNAL_H
 
+#include "graceslab.h"
+
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -18,8 +21,9 @@
    orders the caller's earlier stores, e.g. an unlink, before it). */
 uint64_t gsi_gp_cookie(void);
 /* The sequence itself (rcu/engine.h), for callers that keep cookies
-   truncated and rebuild them near it (alloc/pending.c). */
-extern _Atomic uint64_t gsi_gp_seq;
+   truncated and rebuild them near it (alloc/pending.c). A field of the
+   exported gsi_rcu_gp_v3 (graceslab.h), as an atomic: engine.h says why. */
+#define gsi_gp_seq (*(_Atomic uint64_t *)&gsi_rcu_gp_v3.seq)
 
 /* Has the grace period named by cookie completed? One acquire load. */
 bool gsi_gp_done(uint64_t cookie);

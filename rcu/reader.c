@@ -9,11 +9,14 @@
  * `nested` counts only the locks inside the outermost one, so the
  * outermost lock and unlock each write one word. Budget: the outermost
  * lock is a TLS load, three predictable branches (inside, registered,
- * mode), one load of the sequence and one store; the outermost unlock one
- * load of `nested` and of the snapshot, one store, one load of
- * gsi_gp_waiting and four branches. In membarrier mode neither issues a
- * fence; in fence mode each issues one. Nested calls only count.
- * graceslab.h has the same steps inline (GRACESLAB_RCU_INLINE).
+ * mode), one load of the sequence (through the GOT: engine.h) and one
+ * store; the outermost unlock one load of `nested` and of the snapshot,
+ * one store, one load of gsi_gp_waiting and four branches. In membarrier
+ * mode neither issues a fence; in fence mode each issues one. Nested calls
+ * only count. graceslab.h has the same steps inline
+ * (GRACESLAB_RCU_INLINE), with the mode and the registration folded into
+ * the call bit of `nested`: two loads and one branch decide the lock's
+ * fast path, and the sequence is one load of the program's copy.
  *
  * Signal handlers may use the read side. On a registered thread, a handler
  * that interrupts lock or unlock at any instruction leaves the record as
@@ -57,7 +60,7 @@ static GS_NOINLINE void anon_lock(struct gsi_rcu_reader *r)
     /* A handler may have linked the record between the caller's test and
        the mark (no handler links it after: register_slow refuses inside a
        section). The inlined unlock must still call anon_unlock(). */
-    r->fast = false;
+    gsi_rcu_reader_set_call(r, true);
     gsi_rcu_signals_restore(&saved);
 }
 
@@ -68,7 +71,7 @@ static GS_NOINLINE void anon_unlock(struct gsi_rcu_reader *r)
     sigset_t saved;
     gsi_rcu_signals_block(&saved);
     atomic_store_explicit(&r->snap, 0, memory_order_relaxed);
-    r->fast = r->registered && !gsi_rcu_fences;
+    gsi_rcu_reader_set_call(r, !r->registered || gsi_rcu_fences);
     /* Release (in the seq_cst RMW): the critical section happens before
        the driver's load that sees the count drop; pairs with that load. */
     atomic_fetch_sub_explicit(&gsi_rcu_anon_readers, 1, memory_order_seq_cst);
@@ -86,7 +89,7 @@ GS_EXPORT void gs_rcu_read_lock(void)
     struct gsi_rcu_reader *r = &gsi_rcu_self;
     /* Relaxed: only this thread writes its snapshot. */
     if (atomic_load_explicit(&r->snap, memory_order_relaxed) != 0) {
-        r->nested++;
+        r->nested++; /* the count, below the call bit */
         return;
     }
     if (GS_UNLIKELY(!r->registered) && !gsi_rcu_register_slow(false)) {
@@ -116,8 +119,8 @@ GS_EXPORT void gs_rcu_read_lock(void)
 GS_EXPORT void gs_rcu_read_unlock(void)
 {
     struct gsi_rcu_reader *r = &gsi_rcu_self;
-    if (GS_UNLIKELY(r->nested != 0)) {
-        r->nested--;
+    if (GS_UNLIKELY(gsi_rcu_depth_inner(r) != 0)) {
+        r->nested--; /* the count, below the call bit */
         return;
     }
     /* Relaxed: only this thread writes its snapshot. */

@@ -19,21 +19,23 @@
 #include <linux/membarrier.h>
 #include <signal.h>
 
-__thread struct gsi_rcu_reader gsi_rcu_self __attribute__((tls_model("initial-exec")));
+/* Every thread's record starts with the call bit set (a TLS initialiser,
+   copied into each new thread's block): the inlined read side of a thread
+   that has not registered yet must call the library, which registers it. */
+__thread struct gsi_rcu_reader gsi_rcu_self __attribute__((tls_model("initial-exec"))) = {
+    .nested = GSI_RCU_NESTED_CALL,
+};
 bool gsi_rcu_fences;
 
 /* The record as the inlined read side sees it: the same TLS object under
    a public name and the public prefix type (graceslab.h). */
-extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view_v2
+extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view_v3
     __attribute__((alias("gsi_rcu_self"), visibility("default")));
 #define SAME_FIELD(f)                                                            \
     (offsetof(struct gsi_rcu_reader, f) == offsetof(struct gsi_rcu_reader_view, f) && \
      sizeof(((struct gsi_rcu_reader *)0)->f) == sizeof(((struct gsi_rcu_reader_view *)0)->f))
-_Static_assert(SAME_FIELD(snap) && SAME_FIELD(nested) && SAME_FIELD(fast) &&
-                   SAME_FIELD(gp_seq) && SAME_FIELD(gp_waiting),
+_Static_assert(SAME_FIELD(snap) && SAME_FIELD(nested),
                "struct gsi_rcu_reader_view (graceslab.h) is a prefix of gsi_rcu_reader");
-_Static_assert(sizeof(gsi_gp_seq) == sizeof(uint64_t) && sizeof(gsi_gp_waiting) == sizeof(uint32_t),
-               "the inlined read side reads them as plain integers");
 
 /* Registry lock: protects registry_head and every record's next/prev and
    registered fields (writes). Lock order: GP mutex (gp.c) -> registry lock.
@@ -79,10 +81,8 @@ static void link_locked(struct gsi_rcu_reader *r)
     if (registry_head)
         registry_head->prev = r;
     registry_head = r;
-    r->gp_seq = &gsi_gp_seq;
-    r->gp_waiting = &gsi_gp_waiting;
     r->registered = true;
-    r->fast = !gsi_rcu_fences;
+    gsi_rcu_reader_set_call(r, gsi_rcu_fences);
 }
 
 static void unlink_locked(struct gsi_rcu_reader *r)
@@ -95,7 +95,7 @@ static void unlink_locked(struct gsi_rcu_reader *r)
         r->next->prev = r->prev;
     r->next = r->prev = NULL;
     r->registered = false;
-    r->fast = false;
+    gsi_rcu_reader_set_call(r, true);
 }
 
 /* membarrier(2) with MEMBARRIER_CMD_PRIVATE_EXPEDITED usable? Registers the
@@ -135,7 +135,7 @@ void gsi_rcu_atfork_child_alone(void)
     if (atomic_load_explicit(&init_done, memory_order_relaxed) && !gsi_rcu_fences &&
         !membarrier_register()) {
         gsi_rcu_fences = true;
-        gsi_rcu_self.fast = false; /* the inlined read side follows (see below) */
+        gsi_rcu_reader_set_call(&gsi_rcu_self, true); /* the inlined read side follows (see below) */
     }
 }
 
@@ -180,7 +180,7 @@ void gsi_rcu_atfork_child(void)
        still reach anon_unlock(), so the inlined side stays off. */
     bool anon = atomic_load_explicit(&self->snap, memory_order_relaxed) == GSI_RCU_SNAP_ANON;
     atomic_store_explicit(&gsi_rcu_anon_readers, anon, memory_order_relaxed);
-    self->fast = self->registered && !gsi_rcu_fences && !anon; /* for the inlined read side */
+    gsi_rcu_reader_set_call(self, !self->registered || gsi_rcu_fences || anon); /* for the inlined read side */
     gsi_gp_atfork_child();
     gsi_rcu_cb_atfork_child();
     gsi_rcu_signals_restore(&saved);

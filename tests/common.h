@@ -367,4 +367,25 @@ static inline void gst_reader_release(struct gst_held_reader *r)
     pthread_join(r->thread, NULL);
 }
 
+/* A thread that runs gs_synchronize_rcu() once and flags completion. */
+struct gst_syncer {
+    pthread_t t;
+    atomic_int done;
+};
+
+static void *gst_syncer_main(void *arg)
+{
+    struct gst_syncer *s = arg;
+    gs_synchronize_rcu();
+    atomic_store(&s->done, 1);
+    return NULL;
+}
+
+/* False if no thread could start. */
+static inline bool gst_syncer_start(struct gst_syncer *s)
+{
+    atomic_init(&s->done, 0);
+    return pthread_create(&s->t, NULL, gst_syncer_main, s) == 0;
+}
+
 #endif /* GS_TESTS_COMMON_H */

@@ -38,6 +38,7 @@ static int mini_ntests;
     } while (0)
 #define cr_assert_not(cond, ...) cr_assert(!(cond))
 #define cr_assert_eq(a, b, ...) cr_assert((a) == (b))
+#define cr_assert_neq(a, b, ...) cr_assert((a) != (b))
 #define cr_assert_lt(a, b, ...) cr_assert((a) < (b))
 #define cr_assert_geq(a, b, ...) cr_assert((a) >= (b))
 #define cr_log_info(...) ((void)0)

@@ -46,10 +46,10 @@ int main()
     gs_rcu_read_lock();
     node *seen = gs_rcu_dereference(published);
     CHECK(seen == n && seen->value == 7);
-    CHECK(gsi_rcu_self_view_v2.nested == 1 && gsi_rcu_self_view_v2.snap != 0);
+    CHECK(gsi_rcu_self_view_v3.nested == 1 && gsi_rcu_self_view_v3.snap != 0);
     gs_rcu_read_unlock();
     gs_rcu_read_unlock();
-    CHECK(gsi_rcu_self_view_v2.nested == 0 && gsi_rcu_self_view_v2.snap == 0);
+    CHECK(gsi_rcu_self_view_v3.nested == 0 && gsi_rcu_self_view_v3.snap == 0);
 
     gs_rcu_assign_pointer(published, static_cast<node *>(nullptr));
     gs_free_rcu(n);

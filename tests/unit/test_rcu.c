@@ -18,6 +18,7 @@
 #include "alloc/common.h"
 #include "rcu/engine.h"
 #include "rcu/internal.h"
+#include "../common.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -75,25 +76,6 @@ static void holder_stop(struct holder *h)
     pthread_join(h->t, NULL);
 }
 
-/* A thread that runs gs_synchronize_rcu() once and flags completion. */
-struct syncer {
-    pthread_t t;
-    atomic_int done;
-};
-
-static void *syncer_main(void *arg)
-{
-    struct syncer *s = arg;
-    gs_synchronize_rcu();
-    atomic_store(&s->done, 1);
-    return NULL;
-}
-
-static void syncer_start(struct syncer *s)
-{
-    atomic_init(&s->done, 0);
-    cr_assert_eq(pthread_create(&s->t, NULL, syncer_main, s), 0);
-}
 
 Test(rcu, mode_matches_option)
 {
@@ -175,9 +157,9 @@ Test(rcu, poll_state_only_after_full_gp)
 Test(rcu, gp_waits_for_preexisting_reader)
 {
     struct holder h;
-    struct syncer s;
+    struct gst_syncer s;
     holder_start(&h);
-    syncer_start(&s);
+    cr_assert(gst_syncer_start(&s));
     sleep_ms(200);
     cr_assert_not(atomic_load(&s.done), "gs_synchronize_rcu() returned under a pre-existing reader");
     holder_stop(&h);
@@ -188,10 +170,10 @@ Test(rcu, gp_waits_for_preexisting_reader)
 Test(rcu, gp_does_not_wait_for_new_readers)
 {
     struct holder old, young;
-    struct syncer s;
+    struct gst_syncer s;
     uint64_t started = gsi_gp_started();
     holder_start(&old);
-    syncer_start(&s);
+    cr_assert(gst_syncer_start(&s));
     /* Wait until the syncer has started its grace period... */
     while (gsi_gp_started() == started)
         sleep_ms(1);
@@ -227,12 +209,12 @@ static uint64_t open_grace_period(uint64_t started_before)
 /* Registers, has `old` enter a section and a syncer open a grace period,
    then enters a section itself, after the start: that grace period does
    not wait for this thread. Returns its start. */
-static uint64_t enter_after_start(struct holder *old, struct syncer *s)
+static uint64_t enter_after_start(struct holder *old, struct gst_syncer *s)
 {
     gs_rcu_register_thread();
     uint64_t started = gsi_gp_started();
     holder_start(old);
-    syncer_start(s);
+    cr_assert(gst_syncer_start(s));
     uint64_t start = open_grace_period(started);
     gs_rcu_read_lock();
     return start;
@@ -252,7 +234,7 @@ static void *release_later(void *arg)
 Test(rcu, wait_in_reader_waits_for_the_grace_period_it_does_not_hold, .timeout = 60)
 {
     struct holder old;
-    struct syncer s;
+    struct gst_syncer s;
     uint64_t start = enter_after_start(&old, &s);
     pthread_t rel;
     cr_assert_eq(pthread_create(&rel, NULL, release_later, &old), 0);
@@ -279,9 +261,9 @@ Test(rcu, wait_in_reader_never_waits_for_a_grace_period_it_holds, .timeout = 60)
     /* Outside a section: only the answer, no wait. */
     cr_assert_not(gsi_gp_wait_in_reader(gsi_gp_cookie(), HOUR_NS));
     gs_rcu_read_lock(); /* before the start: the grace period waits for us */
-    struct syncer s;
+    struct gst_syncer s;
     uint64_t started = gsi_gp_started();
-    syncer_start(&s);
+    cr_assert(gst_syncer_start(&s));
     uint64_t start = open_grace_period(started);
     cr_assert_not(gsi_gp_wait_in_reader(start + 1, HOUR_NS),
                   "waited for a grace period that waits for the caller");
@@ -294,7 +276,7 @@ Test(rcu, wait_in_reader_never_waits_for_a_grace_period_it_holds, .timeout = 60)
 Test(rcu, wait_in_reader_is_bounded_and_gives_up_once, .timeout = 60)
 {
     struct holder old;
-    struct syncer s;
+    struct gst_syncer s;
     uint64_t start = enter_after_start(&old, &s);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -340,9 +322,9 @@ Test(rcu, only_waited_readers_wake_the_driver)
        (whose unlock always wakes the driver). */
     gs_rcu_register_thread();
     struct holder old;
-    struct syncer s;
+    struct gst_syncer s;
     holder_start(&old);
-    syncer_start(&s);
+    cr_assert(gst_syncer_start(&s));
     /* The syncer spins, then sleeps with its mark in gsi_gp_waiting. */
     for (int i = 0; i < 20000 && !atomic_load(&gsi_gp_waiting); i++)
         sleep_ms(1);
@@ -708,7 +690,7 @@ static void *view_thread(void *arg)
 {
     int *failed = arg;
     struct gsi_rcu_reader *r = &gsi_rcu_self;
-    struct gsi_rcu_reader_view *v = &gsi_rcu_self_view_v2;
+    struct gsi_rcu_reader_view *v = &gsi_rcu_self_view_v3;
     /* This file declares the two names as two objects (only the library's
        alias attribute says they are one), so the compiler may keep a
        field read through r across a write through v (the inline read
@@ -725,24 +707,28 @@ static void *view_thread(void *arg)
         }                                                                         \
     } while (0)
     CHECK((void *)v == (void *)r);        /* one object, two names */
-    CHECK(!r->registered && !r->fast && atomic_load(&r->snap) == 0 && r->nested == 0);
+    /* A new thread's record: the call bit set, so that the inline lock
+       calls the library, which registers it. */
+    CHECK(!r->registered && r->nested == GSI_RCU_NESTED_CALL && atomic_load(&r->snap) == 0);
     gs_rcu_read_lock();                   /* first use: registers */
-    CHECK(r->registered && r->fast == !gsi_rcu_fences);
-    CHECK(r->gp_seq == &gsi_gp_seq && r->gp_waiting == &gsi_gp_waiting);
+    /* The bit the inline side takes its fast path on: registered and
+       membarrier mode (chosen by the first use, above). */
+    const unsigned long call = gsi_rcu_fences ? GSI_RCU_NESTED_CALL : 0;
+    CHECK(r->registered && r->nested == call);
     CHECK(atomic_load(&r->snap) != 0 && atomic_load(&r->snap) <= atomic_load(&gsi_gp_seq));
-    CHECK(r->nested == 0 && gsi_rcu_in_reader());
+    CHECK(gsi_rcu_in_reader());
     gs_rcu_read_lock();
-    CHECK(r->nested == 1);
+    CHECK(r->nested == (call | 1));
     gs_rcu_read_unlock();
-    CHECK(r->nested == 0 && atomic_load(&r->snap) != 0);
+    CHECK(r->nested == call && atomic_load(&r->snap) != 0);
     gs_rcu_read_unlock();
-    CHECK(r->nested == 0 && atomic_load(&r->snap) == 0 && !gsi_rcu_in_reader());
+    CHECK(r->nested == call && atomic_load(&r->snap) == 0 && !gsi_rcu_in_reader());
     gs_rcu_unregister_thread();
-    CHECK(!r->registered && !r->fast);
+    CHECK(!r->registered && r->nested == GSI_RCU_NESTED_CALL);
     gs_rcu_read_lock();                   /* re-registers */
-    CHECK(r->registered && r->fast == !gsi_rcu_fences && atomic_load(&r->snap) != 0);
+    CHECK(r->registered && r->nested == call && atomic_load(&r->snap) != 0);
     gs_rcu_read_unlock();
-    CHECK(r->nested == 0 && atomic_load(&r->snap) == 0);
+    CHECK(r->nested == call && atomic_load(&r->snap) == 0);
 #undef CHECK
     return NULL;
 }
@@ -886,8 +872,8 @@ Test(rcu, anonymous_section_holds_gp)
     gsi_rcu_registry_unlock();
     cr_assert(atomic_load(&a.was_anon));
     cr_assert_eq(atomic_load(&gsi_rcu_anon_readers), 1);
-    struct syncer sy;
-    syncer_start(&sy);
+    struct gst_syncer sy;
+    cr_assert(gst_syncer_start(&sy));
     sleep_ms(200);
     cr_assert_not(atomic_load(&sy.done), "grace period ended inside an anonymous section");
     atomic_store(&a.release, 1);
