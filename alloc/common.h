@@ -15,6 +15,18 @@
 #define GS_COLD        __attribute__((cold, noinline))
 #define GS_INLINE      static inline __attribute__((always_inline))
 #define GS_EXPORT      __attribute__((visibility("default")))
+/* The names only graceslab.h's inlined read side uses (the grace-period
+   state, the reader record's public alias, the driver wake-up): exported
+   from libgraceslab.so, hidden in libgraceslab.a (built with GS_ARCHIVE),
+   where a program or plugin linking the archive reaches them at link
+   time. Exported from a copy inside a plugin, they would bind to another
+   graceslab's in the process, and the two engines would share one
+   sequence with two registries: grace periods ending with readers inside. */
+#if defined(GS_ARCHIVE) && GS_ARCHIVE
+#define GS_INLINE_ABI  __attribute__((visibility("hidden")))
+#else
+#define GS_INLINE_ABI  GS_EXPORT
+#endif
 #define GS_CACHELINE   64
 
 #ifndef GS_ASSERT_LEVEL

@@ -64,9 +64,10 @@
 #include <sched.h>
 
 /* gsi_gp_seq and gsi_gp_waiting (engine.h). Exported for the inlined
-   read side; every access, here too, goes through the GOT (engine.h). A
-   cache line of its own: readers load it on every outermost lock. */
-GS_EXPORT __attribute__((aligned(64))) struct gsi_rcu_gp_view gsi_rcu_gp_v3 = {
+   read side (from the shared library only: GS_INLINE_ABI); every access,
+   here too, goes through the GOT (engine.h). A cache line of its own:
+   readers load it on every outermost lock. */
+GS_INLINE_ABI __attribute__((aligned(64))) struct gsi_rcu_gp_view gsi_rcu_gp_v3 = {
     .seq = GSI_GP_SEQ_BASE,
 };
 _Static_assert(sizeof(gsi_gp_seq) == sizeof(uint64_t) && sizeof(gsi_gp_waiting) == sizeof(uint32_t) &&

@@ -160,7 +160,7 @@ GS_EXPORT void gs_rcu_read_unlock(void)
 }
 
 /* Exported: the inlined read side (graceslab.h) calls it too. */
-GS_EXPORT GS_NOINLINE void gsi_rcu_wake_gp_slow(void)
+GS_INLINE_ABI GS_NOINLINE void gsi_rcu_wake_gp_slow(void)
 {
     /* Relaxed exchange: the futex wake is what matters; whoever clears the
        mark issues it. The driver rescans after every wakeup, and sets the

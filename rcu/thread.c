@@ -30,7 +30,7 @@ bool gsi_rcu_fences;
 /* The record as the inlined read side sees it: the same TLS object under
    a public name and the public prefix type (graceslab.h). */
 extern __thread struct gsi_rcu_reader_view gsi_rcu_self_view_v3
-    __attribute__((alias("gsi_rcu_self"), visibility("default")));
+    __attribute__((alias("gsi_rcu_self"))) GS_INLINE_ABI;
 #define SAME_FIELD(f)                                                            \
     (offsetof(struct gsi_rcu_reader, f) == offsetof(struct gsi_rcu_reader_view, f) && \
      sizeof(((struct gsi_rcu_reader *)0)->f) == sizeof(((struct gsi_rcu_reader_view *)0)->f))
