@@ -218,6 +218,8 @@ struct gs_segment {
     struct gs_segment *next, *prev;      /* all segments (segment_lock) */
     uint64_t free_slots;                 /* bit i: slot i unused */
     uint64_t dirty_slots;                /* bit i: unused but committed */
+    uint64_t decommitted_slots;          /* bit i: unused, and given back
+                                            (madvise) after a slab used it */
     uint64_t ready_slots;                /* bit i: part of a READY slab */
     uint64_t dirty_since[GS_SLOTS];      /* ns timestamp when it became unused */
     struct gs_slab *slot_slab[GS_SLOTS]; /* slot -> slab metadata (first slot of a span) */
@@ -414,6 +416,7 @@ GS_INLINE unsigned gsi_map_kind(uintptr_t a)
 void *gsi_os_map_aligned(size_t size, size_t align); /* NULL on failure */
 void gsi_os_unmap(void *p, size_t size);
 bool gsi_os_decommit(void *p, size_t size);           /* MADV_DONTNEED; false: failed (locked pages) */
+void gsi_os_populate(void *p, size_t size);           /* MADV_POPULATE_WRITE, where the kernel has it */
 size_t gsi_os_resident_bytes(void *p, size_t size); /* mincore; page-aligned p */
 /* 0, or mremap's error (errno itself is preserved). */
 int gsi_os_remap(void *old, size_t old_len, size_t new_len, void *fixed_new);

@@ -10,7 +10,12 @@
  * dirty slabs are kept, so freeing a large heap gives memory back at once,
  * with no timer. The budget is GRACESLAB_EMPTY_CACHE_MB or half the bytes
  * of the slabs in use, whichever is larger (gsi_segments_empty_budget).
- * Segments left with no used slot are unmapped, keeping one spare.
+ * Segments left with no used slot are unmapped, keeping one spare. Slots
+ * given back after a slab used them are remembered (decommitted_slots):
+ * a new slab of objects up to a page that takes them pages them in with
+ * one madvise(MADV_POPULATE_WRITE) call instead of a fault per page (on
+ * bench/random with 100,000-block batches, which outgrow the budget every
+ * batch: 0.42 M pairs/s against 0.36 M, 7 interleaved runs each).
  *
  * Reuse: a retired slab whose slots stay committed keeps its format — its
  * link array holds every object on the local list — and waits on its
@@ -23,7 +28,7 @@
  * intact.
  *
  * Locking: segment_lock protects the segment list and every segment's
- * free_slots, dirty_slots, dirty_since and slot_slab; a slab's kind is
+ * free_slots, dirty_slots, decommitted_slots, dirty_since and slot_slab; a slab's kind is
  * written under it. It is taken on slab creation and retirement only.
  */
 #include "alloc/internal.h"
@@ -211,6 +216,7 @@ static struct gs_segment *segment_new_locked(void)
     seg->magic = GS_SEGMENT_MAGIC;
     seg->free_slots = ALL_SLABS;
     seg->dirty_slots = 0;
+    seg->decommitted_slots = 0;
     for (unsigned i = 0; i < GS_SLOTS; i++)
         seg->slot_slab[i] = &gsi_unused_slab;
     fastmap_join(seg);
@@ -262,6 +268,7 @@ static void decommit_locked(struct gs_segment *seg, uint64_t mask)
 {
     unready_locked(seg, mask);
     seg->dirty_slots &= ~mask;
+    seg->decommitted_slots |= mask;
     /* madvise contiguous runs of the mask. */
     while (mask) {
         unsigned first = (unsigned)__builtin_ctzll(mask);
@@ -426,6 +433,13 @@ struct gs_slab *gsi_slab_new(unsigned cls)
     }
     uint64_t mask = run_mask((unsigned)first, span);
     unready_locked(found, mask);
+    /* Slots a slab used before and the cap or a purge gave back: paged in
+       below in one call, since this slab will use them again. Not slots
+       never used (a new slab may stay mostly empty), nor for objects above
+       a page (a program may leave most pages of a big block untouched:
+       paging them in would raise its RSS, not only save faults). */
+    uint64_t repopulate = gsi_classes[cls].size <= GS_PAGE ? found->decommitted_slots & mask : 0;
+    found->decommitted_slots &= ~mask;
     size_t dirty = (size_t)__builtin_popcountll(found->dirty_slots & mask);
     __atomic_store_n(&dirty_bytes, dirty_bytes - dirty * GS_SLOT_SIZE, __ATOMIC_RELAXED);
     found->free_slots &= ~mask;
@@ -441,6 +455,14 @@ struct gs_slab *gsi_slab_new(unsigned cls)
                            (uint64_t)gsi_option(GSI_OPT_PURGE_DELAY_MS) * 1000000ull)
         purge_locked(false, now);
     pthread_mutex_unlock(&segment_lock);
+    /* Outside the lock: the slab is this thread's now. */
+    while (repopulate) {
+        unsigned at = (unsigned)__builtin_ctzll(repopulate), n = 0;
+        while (at + n < GS_SLOTS && (repopulate >> (at + n) & 1))
+            n++;
+        gsi_os_populate((char *)found + (size_t)at * GS_SLOT_SIZE, (size_t)n * GS_SLOT_SIZE);
+        repopulate &= ~run_mask(at, n);
+    }
     return s;
 }
 

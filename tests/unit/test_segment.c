@@ -294,3 +294,66 @@ Test(segment, purge_keeps_slots_retired_after_its_clock_reading)
     cr_assert_eq(so->dirty_slots >> io & 1, 0, "a slot empty for two delays was not purged");
     cr_assert_eq(sy->dirty_slots >> iy & 1, 1, "a slot newer than the purge's clock was purged");
 }
+
+/* Does this kernel page a range in on request (Linux 5.14 and later)? */
+static bool kernel_populates(void)
+{
+    char *p = mmap(NULL, GS_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(p, MAP_FAILED);
+    bool ok = madvise(p, GS_PAGE, 23 /* MADV_POPULATE_WRITE */) == 0;
+    munmap(p, GS_PAGE);
+    return ok;
+}
+
+/* Retires slabs of cls (one kept, so that their segment stays), purges,
+   then takes new slabs of cls until one lands on slots the purge gave
+   back. Returns how many of that slab's bytes are resident at once. */
+static size_t resident_after_reuse(unsigned cls)
+{
+    enum { N = 16, MAX_SEGS = 64 };
+    struct gs_slab *s[N];
+    for (int i = 0; i < N; i++) {
+        s[i] = gsi_slab_new(cls);
+        cr_assert_not_null(s[i]);
+        memset(s[i]->start, 1, (size_t)s[i]->capacity * s[i]->obj_size);
+    }
+    for (int i = 0; i < N - 1; i++)
+        gsi_slab_retire(s[i]);
+    gsi_segments_purge(true);
+    struct gs_segment *segs[MAX_SEGS];
+    uint64_t given_back[MAX_SEGS];
+    size_t nsegs = gsi_segments_list(segs, MAX_SEGS);
+    cr_assert_leq(nsegs, MAX_SEGS);
+    for (size_t j = 0; j < nsegs; j++)
+        given_back[j] = segs[j]->decommitted_slots;
+    for (int tries = 0; tries < 256; tries++) {
+        struct gs_slab *t = gsi_slab_new(cls);
+        cr_assert_not_null(t);
+        struct gs_segment *seg = segment_of(t->start);
+        unsigned first = (unsigned)(t - seg->slabs);
+        uint64_t mask = (t->span == 64 ? ~(uint64_t)0 : (((uint64_t)1 << t->span) - 1)) << first;
+        for (size_t j = 0; j < nsegs; j++)
+            if (segs[j] == seg && (given_back[j] & mask) == mask)
+                return gsi_os_resident_bytes((char *)seg + (size_t)first * GS_SLOT_SIZE,
+                                             (size_t)t->span * GS_SLOT_SIZE);
+    }
+    cr_assert_fail("no new slab of class %u took slots the purge gave back", cls);
+    return 0;
+}
+
+/* A slab that takes back slots a purge gave back has them paged in at once
+   (one madvise call instead of a fault per page) when its objects are at
+   most a page; a class above a page does not (a program may leave most
+   pages of a big block untouched). */
+Test(segment, reused_decommitted_slots_are_paged_in)
+{
+    if (!kernel_populates())
+        cr_skip_test("the kernel has no MADV_POPULATE_WRITE (before Linux 5.14)");
+    unsigned small = gsi_size_class(64), big = gsi_size_class(9000);
+    size_t small_span = (size_t)gsi_classes[small].span * GS_SLOT_SIZE;
+    size_t big_span = (size_t)gsi_classes[big].span * GS_SLOT_SIZE;
+    size_t r = resident_after_reuse(small);
+    cr_assert_eq(r, small_span, "64-byte class: %zu of %zu bytes resident", r, small_span);
+    r = resident_after_reuse(big);
+    cr_assert_lt(r, big_span / 2, "9000-byte class: %zu of %zu bytes resident", r, big_span);
+}
