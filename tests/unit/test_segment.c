@@ -315,7 +315,6 @@ static size_t resident_after_reuse(unsigned cls)
     for (int i = 0; i < N; i++) {
         s[i] = gsi_slab_new(cls);
         cr_assert_not_null(s[i]);
-        memset(s[i]->start, 1, (size_t)s[i]->capacity * s[i]->obj_size);
     }
     for (int i = 0; i < N - 1; i++)
         gsi_slab_retire(s[i]);
