@@ -66,6 +66,18 @@ static uint64_t run_mask(unsigned first, unsigned n)
     return (n == 64 ? ~(uint64_t)0 : (((uint64_t)1 << n) - 1)) << first;
 }
 
+/* Takes the lowest run of set bits off *mask (not 0): returns its length
+   and its first slot in *first. */
+static unsigned take_run(uint64_t *mask, unsigned *first)
+{
+    unsigned at = (unsigned)__builtin_ctzll(*mask), n = 0;
+    while (at + n < GS_SLOTS && (*mask >> (at + n) & 1))
+        n++;
+    *mask &= ~run_mask(at, n);
+    *first = at;
+    return n;
+}
+
 /* First run of n set bits in avail, or -1. */
 static int find_run(uint64_t avail, unsigned n)
 {
@@ -271,12 +283,8 @@ static void decommit_locked(struct gs_segment *seg, uint64_t mask)
     seg->decommitted_slots |= mask;
     /* madvise contiguous runs of the mask. */
     while (mask) {
-        unsigned first = (unsigned)__builtin_ctzll(mask);
-        unsigned n = 0;
-        while (first + n < GS_SLOTS && (mask >> (first + n) & 1))
-            n++;
+        unsigned first, n = take_run(&mask, &first);
         gsi_os_decommit((char *)seg + (size_t)first * GS_SLOT_SIZE, (size_t)n * GS_SLOT_SIZE);
-        mask &= ~run_mask(first, n);
         __atomic_store_n(&dirty_bytes, dirty_bytes - (size_t)n * GS_SLOT_SIZE, __ATOMIC_RELAXED);
     }
 }
@@ -457,11 +465,8 @@ struct gs_slab *gsi_slab_new(unsigned cls)
     pthread_mutex_unlock(&segment_lock);
     /* Outside the lock: the slab is this thread's now. */
     while (repopulate) {
-        unsigned at = (unsigned)__builtin_ctzll(repopulate), n = 0;
-        while (at + n < GS_SLOTS && (repopulate >> (at + n) & 1))
-            n++;
+        unsigned at, n = take_run(&repopulate, &at);
         gsi_os_populate((char *)found + (size_t)at * GS_SLOT_SIZE, (size_t)n * GS_SLOT_SIZE);
-        repopulate &= ~run_mask(at, n);
     }
     return s;
 }
