@@ -181,16 +181,22 @@ GS_EXPORT void *gs_calloc(size_t n, size_t size)
 GS_INLINE void *aligned_fast(size_t size, size_t align)
 {
     int cls = gsi_class_aligned(size, align < 16 ? 16 : align);
-    if (GS_UNLIKELY(cls < 0))
+    /* No class (cls < 0, here a huge unsigned), or a medium one: medium
+       objects decay, so their pop may call decay.c, and the slow path pops
+       them (gsi_slab_pop_counted). This path then makes no call, and its
+       callers save no register. */
+    if (GS_UNLIKELY((unsigned)cls >= GS_FIRST_MEDIUM_CLASS))
         return NULL;
     struct gs_slab *s = gsi_tls_heap->active[cls];
     if (GS_UNLIKELY(s->free_head == GS_LINK_END))
         return NULL;
-    /* Only medium objects decay (and a small class's slab keeps its
-       `decayed` on a line this path does not otherwise read). */
-    if (GS_UNLIKELY((unsigned)cls >= GS_FIRST_MEDIUM_CLASS))
-        return gsi_slab_pop_counted(s);
-    return gsi_slab_pop(s);
+    void *p = gsi_slab_pop(s);
+    /* An object's address is never 0: said, so that the callers' test of
+       the result folds into the tests above and their slow-path arguments
+       need not be kept past the pop (no register saved and restored). */
+    if (!p)
+        __builtin_unreachable();
+    return p;
 }
 
 static GS_NOINLINE void *aligned_slow(size_t size, size_t align)
@@ -314,6 +320,19 @@ GS_EXPORT void *reallocarray(void *p, size_t n, size_t size)
     return gs_realloc(p, bytes);
 }
 
+/* Out of line, so that posix_memalign's fast path saves no register. */
+static GS_NOINLINE int posix_memalign_slow(void **out, size_t alignment, size_t size)
+{
+    int saved = errno; /* only the slow path can set it */
+    void *p = aligned_slow(size, alignment);
+    if (!p) {
+        errno = saved;
+        return ENOMEM;
+    }
+    *out = p;
+    return 0;
+}
+
 GS_EXPORT int posix_memalign(void **out, size_t alignment, size_t size)
 {
     if (alignment < sizeof(void *) || (alignment & (alignment - 1)))
@@ -323,14 +342,7 @@ GS_EXPORT int posix_memalign(void **out, size_t alignment, size_t size)
         *out = p;
         return 0;
     }
-    int saved = errno; /* only the slow path can set it */
-    p = aligned_slow(size, alignment);
-    if (!p) {
-        errno = saved;
-        return ENOMEM;
-    }
-    *out = p;
-    return 0;
+    return posix_memalign_slow(out, alignment, size);
 }
 
 GS_EXPORT void *memalign(size_t alignment, size_t size)
