@@ -160,10 +160,12 @@ retry:;
         }
         if (!s) {
             retire_empty_locked(c);
-            s = gsi_slab_new(c->cls);
+            /* (A current slab here is one the cache used up.) */
+            bool used_up = c->current != NULL;
+            s = gsi_slab_new(c->cls, used_up);
             if (!s && (pthread_mutex_unlock(&c->lock.mutex), gsi_oom_reclaim())) {
                 pthread_mutex_lock(&c->lock.mutex);
-                s = gsi_slab_new(c->cls);
+                s = gsi_slab_new(c->cls, used_up);
             } else if (!s) {
                 pthread_mutex_lock(&c->lock.mutex);
             }

@@ -545,7 +545,8 @@ static struct gs_slab *waiting_ready(struct gs_heap *h, unsigned cls, bool wait)
 static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
 {
     struct gs_slab *s = h->active[cls];
-    if (s != &gsi_empty_slab) {
+    bool used_up = s != &gsi_empty_slab;
+    if (used_up) {
         if (slab_refill(s))
             return s;
         unlink_owned(h, s);
@@ -591,7 +592,8 @@ static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
             put_exhausted(h, s);
         }
     }
-    s = gsi_slab_new(cls);
+    /* An active slab at the start means refill found it used up. */
+    s = gsi_slab_new(cls, used_up);
     if (!s)
         return NULL;
     if (!gsi_slab_adopt(h, s))

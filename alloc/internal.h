@@ -431,8 +431,10 @@ extern _Atomic size_t gsi_os_mapped_bytes;
  * segment.c: slabs from segments; empty slabs back to the OS.
  * --------------------------------------------------------------------- */
 /* A formatted slab of class cls, unowned, not on any list; NULL if the OS
-   refuses memory. */
-struct gs_slab *gsi_slab_new(unsigned cls);
+   refuses memory. `populate`: the caller has just used up a whole slab of
+   the class, so this one will likely fill too, and slots it takes back
+   from a purge are paged in at once (objects up to a page; segment.c). */
+struct gs_slab *gsi_slab_new(unsigned cls, bool populate);
 /* Returns an empty slab (used == 0, no pending) to its segment. */
 void gsi_slab_retire(struct gs_slab *s);
 /* Gives committed empty slabs older than the purge delay back to the OS

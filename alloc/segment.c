@@ -409,7 +409,7 @@ static struct gs_slab *reuse_ready_locked(struct gs_slab *s)
     return s;
 }
 
-struct gs_slab *gsi_slab_new(unsigned cls)
+struct gs_slab *gsi_slab_new(unsigned cls, bool populate)
 {
     unsigned span = gsi_classes[cls].span;
     pthread_mutex_lock(&segment_lock);
@@ -442,11 +442,18 @@ struct gs_slab *gsi_slab_new(unsigned cls)
     uint64_t mask = run_mask((unsigned)first, span);
     unready_locked(found, mask);
     /* Slots a slab used before and the cap or a purge gave back: paged in
-       below in one call, since this slab will use them again. Not slots
-       never used (a new slab may stay mostly empty), nor for objects above
-       a page (a program may leave most pages of a big block untouched:
-       paging them in would raise its RSS, not only save faults). */
-    uint64_t repopulate = gsi_classes[cls].size <= GS_PAGE ? found->decommitted_slots & mask : 0;
+       below in one call when the caller's demand says this slab will be
+       used through (it just used up one of the class). Not otherwise: a
+       thread's first slab of a class may hold one object for good (16
+       threads taking one object of each class up to 4 KiB on such slots
+       added 31 MiB of RSS when every new slab was paged in, 3.7 MiB
+       without). Never slots no slab used (faulting them costs the same),
+       nor objects above a page (a program may leave most pages of a big
+       block untouched: paging them in would raise its RSS, not only save
+       faults). */
+    uint64_t repopulate = populate && gsi_classes[cls].size <= GS_PAGE
+                              ? found->decommitted_slots & mask
+                              : 0;
     found->decommitted_slots &= ~mask;
     size_t dirty = (size_t)__builtin_popcountll(found->dirty_slots & mask);
     __atomic_store_n(&dirty_bytes, dirty_bytes - dirty * GS_SLOT_SIZE, __ATOMIC_RELAXED);
@@ -463,7 +470,9 @@ struct gs_slab *gsi_slab_new(unsigned cls)
                            (uint64_t)gsi_option(GSI_OPT_PURGE_DELAY_MS) * 1000000ull)
         purge_locked(false, now);
     pthread_mutex_unlock(&segment_lock);
-    /* Outside the lock: the slab is this thread's now. */
+    /* Outside the lock: nobody else reaches these slots until the caller
+       hands the slab out (a purge takes only free slots, and a sweep skips
+       a slab with nothing pending or remote). */
     while (repopulate) {
         unsigned at, n = take_run(&repopulate, &at);
         gsi_os_populate((char *)found + (size_t)at * GS_SLOT_SIZE, (size_t)n * GS_SLOT_SIZE);
