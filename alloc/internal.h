@@ -75,9 +75,11 @@
 #define GS_DIRECT_INDEX(size) ((size) <= 1024 ? ((size) + 15) >> 4 : GS_DIRECT_INDEX_ABOVE_1K(size))
 
 /* ---------------------------------------------------------------------
- * Per-object state, out of band: one 16-bit link per object in the array
- * near the front of the slab (before the first object). Never inside the
- * object, so pending objects stay untouched for readers.
+ * Per-object state, out of band: one 16-bit link per object, in an array
+ * in the segment header (classes of up to GS_SLOT_LINK_BYTES / 2 - 1
+ * objects a slab) or near the front of the slab, before the first object
+ * (the smallest classes). Never inside the object, so pending objects stay
+ * untouched for readers.
  *   GS_LINK_ALLOCATED      object handed out
  *   0..GS_LINK_END         free, on the owner's local list (value = next)
  *   GS_LINK_REMOTE | next  freed by another thread, on the remote chain
@@ -97,6 +99,11 @@
 #define GS_LINK_REMOTE    0x4000u
 #define GS_LINK_PENDING   0x8000u
 #define GS_MAX_OBJECTS    (GS_LINK_END - 1)
+/* Bytes of link array the segment header holds for each slot: a slab whose
+   class has fewer than GS_SLOT_LINK_BYTES / 2 objects keeps its links there
+   (size_class.c, "Where the links live"). 64 of them fit in slot 0 beside
+   the slab metadata. */
+#define GS_SLOT_LINK_BYTES 768
 
 /* ---------------------------------------------------------------------
  * slab->xstate: owner id (bits 32..63, 0 = ownerless), remote chain head
@@ -130,8 +137,9 @@ enum gs_slab_kind {
 
 /*
  * A slab: one size class, `span` slots of 64 KiB. The metadata lives in the
- * segment header (out of band); the link array lives near the front of the
- * slab's own memory (before the first object, at a per-slab colour offset).
+ * segment header (out of band), and so does the link array of all but the
+ * smallest classes, whose link array lives near the front of the slab's own
+ * memory (before the first object, at a per-slab colour offset).
  *
  * Invariant (owner's view, outside an operation), for a slab that is not
  * its heap's active slab:
@@ -225,7 +233,13 @@ struct gs_segment {
     struct gs_slab *slot_slab[GS_SLOTS]; /* slot -> slab metadata (first slot of a span) */
     bool fastmapped;                     /* slot_slab mirrored in gsi_fastmap */
     struct gs_slab slabs[GS_SLOTS];      /* metadata, indexed by first slot */
+    /* Link arrays of the slabs whose class has them here (header_links),
+       indexed by first slot: dense, so the lines every malloc and free
+       read spread over the cache sets instead of piling up at the slabs'
+       64 KiB-aligned starts. Row 0 (the header's own slot) is unused. */
+    uint16_t slot_links[GS_SLOTS][GS_SLOT_LINK_BYTES / 2] __attribute__((aligned(64)));
 };
+_Static_assert(sizeof(struct gs_segment) <= GS_SLOT_SIZE, "the header fits slot 0");
 #define GS_SEGMENT_MAGIC 0x6772616365736c62ull /* "graceslb" */
 
 /* A large block: header at the start of its mapping (4 MiB aligned). */
@@ -304,8 +318,11 @@ struct gs_heap {
 struct gs_class_info {
     uint32_t size;       /* object size */
     uint32_t capacity;   /* objects per slab */
-    uint32_t link_bytes; /* bytes before the first object (at colour 0) */
+    uint32_t link_bytes; /* bytes before the first object (at colour 0); 0
+                            with header_links */
     uint32_t colors;     /* link-array offsets, 64 B apart, that fit (gsi_class_color) */
+    bool header_links;   /* links in the segment header (slot_links), the
+                            whole span for objects */
     uint8_t span;        /* slots per slab */
     uint64_t inverse;    /* inverse of the odd part of size, mod 2^64 */
     uint8_t shift;       /* size == odd part << shift */
@@ -326,8 +343,9 @@ GS_INLINE unsigned gsi_small_class(size_t size)
     return atomic_load_explicit(&gsi_class_of_small[(size + 15) >> 4], memory_order_relaxed);
 }
 void gsi_classes_init(void);
-/* Layout of the slab of class ci at base: link array at base + *link_off,
-   first object at base + *start_off (see gsi_class_color in size_class.c). */
+/* Layout of the slab of class ci at base, for a class without
+   header_links: link array at base + *link_off, first object at
+   base + *start_off (see gsi_class_color in size_class.c). */
 void gsi_class_color(const struct gs_class_info *ci, const void *base, size_t *link_off,
                      size_t *start_off);
 unsigned gsi_class_slow(size_t size); /* any size <= GS_SMALL_MAX */

@@ -1,8 +1,9 @@
 /*
  * Objects inside a slab, and who owns the slab.
  *
- * Every object has a 16-bit link in the array near the front of the slab
- * (out of band: never inside the object). The owner heap keeps a LIFO local
+ * Every object has a 16-bit link in its slab's link array, in the segment
+ * header or near the front of the slab (out of band: never inside the
+ * object). The owner heap keeps a LIFO local
  * free list through the links; other threads free through the remote chain
  * (head and length in slab->xstate, lock-free push); gs_free_rcu() uses the
  * pending chains (pending.c). The link value says which state an object is
@@ -35,11 +36,17 @@ void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
     const struct gs_class_info *ci = &gsi_classes[cls];
     /* memcheck: the slots may have held objects of another class, which
        it knows as freed blocks. */
-    size_t link_off, start_off;
-    gsi_class_color(ci, base, &link_off, &start_off);
-    GS_VG_ADDRESSABLE(base, start_off);
-    s->link = (uint16_t *)(base + link_off);
-    s->start = base + start_off;
+    if (ci->header_links) {
+        struct gs_segment *seg = (struct gs_segment *)((uintptr_t)base & ~GS_SEGMENT_MASK);
+        s->link = seg->slot_links[((uintptr_t)base >> GS_SLOT_SHIFT) & (GS_SLOTS - 1)];
+        s->start = base;
+    } else {
+        size_t link_off, start_off;
+        gsi_class_color(ci, base, &link_off, &start_off);
+        GS_VG_ADDRESSABLE(base, start_off);
+        s->link = (uint16_t *)(base + link_off);
+        s->start = base + start_off;
+    }
     s->free_head = GS_LINK_END;
     s->used = 0;
     s->obj_size = ci->size;
@@ -61,7 +68,8 @@ void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
     s->wait_cookie = 0;
     s->orphaned = false;
     /* Objects not linked yet: their links may hold whatever the slots held
-       before (another class's objects, with any bytes, 0xFFFF included),
+       before (another class's objects, with any bytes, 0xFFFF included;
+       in the header, the links of the slot's previous slab),
        and a free of such an object must not pass for a free of an
        allocated one. The sentinel after the last object: a pointer into
        the slab's tail computes index == capacity and finds a link that is

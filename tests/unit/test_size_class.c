@@ -106,11 +106,33 @@ Test(size_class, waste_bound)
     }
 }
 
-/* The layout of each class's slab: link array first, objects aligned to
-   their natural alignment, everything inside the span, at least 8 objects
-   (4 in the medium classes), and object indices fit the 12-bit links. */
+/* The links' place and the most objects each place holds in a span of
+   `bytes`: in the segment header (a row of GS_SLOT_LINK_BYTES), or at the
+   front of the slab with the first object naturally aligned. */
+static size_t header_fit(const struct gs_class_info *ci, size_t bytes)
+{
+    size_t n = bytes / ci->size;
+    if (n > GS_MAX_OBJECTS)
+        n = GS_MAX_OBJECTS;
+    return n < GS_SLOT_LINK_BYTES / 2 ? n : GS_SLOT_LINK_BYTES / 2 - 1;
+}
+
+static size_t front_fit(const struct gs_class_info *ci, size_t bytes, size_t first_align)
+{
+    size_t n = bytes / ci->size;
+    while (n > GS_MAX_OBJECTS || round_up(2 * (n + 1), first_align) + n * ci->size > bytes)
+        n--;
+    return n;
+}
+
+/* The layout of each class's slab: links in the header, the whole span for
+   objects, or links first and objects aligned to their natural alignment;
+   everything inside the span, at least 8 objects (4 in the medium
+   classes), object indices fit the 12-bit links, and the place holding more
+   objects chosen. */
 Test(size_class, slab_layout)
 {
+    unsigned in_header = 0;
     for (unsigned c = 0; c < GS_NCLASSES; c++) {
         const struct gs_class_info *ci = &gsi_classes[c];
         size_t bytes = (size_t)ci->span * GS_SLOT_SIZE;
@@ -119,43 +141,57 @@ Test(size_class, slab_layout)
         cr_assert_geq(ci->capacity, ci->size > GS_DIRECT_MAX ? 4 : 8,
                       "class %u (%u B): only %u objects", c, ci->size, ci->capacity);
         cr_assert_leq(ci->capacity, GS_MAX_OBJECTS);
+        size_t front = front_fit(ci, bytes, natural_align(ci->size));
+        if (ci->header_links) {
+            in_header++;
+            cr_assert_eq(ci->link_bytes, 0);
+            cr_assert_leq(2 * (ci->capacity + 1), GS_SLOT_LINK_BYTES,
+                          "class %u: links overflow the header row", c);
+            cr_assert_leq((size_t)ci->capacity * ci->size, bytes,
+                          "class %u: objects overflow the span", c);
+            cr_assert_eq(ci->capacity, header_fit(ci, bytes), "class %u: not full", c);
+            cr_assert_geq(ci->capacity, front, "class %u: front links would hold more", c);
+            continue;
+        }
+        cr_assert_lt(header_fit(ci, bytes), ci->capacity,
+                     "class %u: header links would hold as many", c);
         cr_assert_geq(ci->link_bytes, 2 * (ci->capacity + 1), "class %u: link array too short",
                       c);
         cr_assert_eq(ci->link_bytes % natural_align(ci->size), 0,
                      "class %u: first object misaligned", c);
         cr_assert_leq(ci->link_bytes + (size_t)ci->capacity * ci->size, bytes,
                       "class %u: objects overflow the span", c);
-        /* Not wasteful: no room for one more object. */
-        size_t next_links = (2 * (ci->capacity + 2) + natural_align(ci->size) - 1) &
-                            ~(natural_align(ci->size) - 1);
-        if (ci->capacity < GS_MAX_OBJECTS)
-            cr_assert_gt(next_links + (size_t)(ci->capacity + 1) * ci->size, bytes,
-                         "class %u: room for another object", c);
+        cr_assert_eq(ci->capacity, front, "class %u: room for another object", c);
         /* Aligning the first object beyond a page (up to a slot, for
            aligned_alloc) costs no object: as many fit as with the first
            object at most a page in. */
         size_t page_align = natural_align(ci->size) < GS_PAGE ? natural_align(ci->size) : GS_PAGE;
-        size_t n = bytes / ci->size;
-        while (n > GS_MAX_OBJECTS || round_up(2 * (n + 1), page_align) + n * ci->size > bytes)
-            n--;
-        cr_assert_eq(ci->capacity, n, "class %u (%u B): %u objects, %zu with page alignment", c,
-                     ci->size, ci->capacity, n);
+        cr_assert_eq(ci->capacity, front_fit(ci, bytes, page_align),
+                     "class %u (%u B): %u objects, more with page alignment", c, ci->size,
+                     ci->capacity);
     }
+    /* The header holds the links of every class from 176 bytes up (as the
+       comment in size_class.c says), and of no smaller one. */
+    cr_assert_eq(gsi_classes[GS_NCLASSES - in_header].size, 176, "header links from %u B",
+                 gsi_classes[GS_NCLASSES - in_header].size);
+    for (unsigned c = GS_NCLASSES - in_header; c < GS_NCLASSES; c++)
+        cr_assert(gsi_classes[c].header_links, "class %u in the middle of the header ones", c);
 }
 
-/* Colouring (gsi_class_color): at every colour a slab of the class has its
-   whole link array before its first object, the first object naturally
-   aligned, every object inside the span; colour 0 is the layout above, and
-   slabs at consecutive slots take different colours when there are some. */
+/* Colouring (gsi_class_color), for the classes with front links: at every
+   colour a slab of the class has its whole link array before its first
+   object, the first object naturally aligned, every object inside the
+   span; colour 0 is the layout above, and slabs at consecutive slots take
+   different colours when there are some. */
 Test(size_class, slab_colors)
 {
-    unsigned colored = 0;
     for (unsigned c = 0; c < GS_NCLASSES; c++) {
         const struct gs_class_info *ci = &gsi_classes[c];
+        if (ci->header_links)
+            continue;
         size_t bytes = (size_t)ci->span * GS_SLOT_SIZE;
         cr_assert_geq(ci->colors, 1);
         cr_assert_leq(ci->colors, 64);
-        colored += ci->colors > 1;
         for (unsigned k = 0; k < ci->colors + 1; k++) {
             /* A base whose slot number is 64 + k: colour (64 + k) mod colors. */
             const char *base = (const char *)((uintptr_t)(64 + k) << GS_SLOT_SHIFT);
@@ -172,7 +208,10 @@ Test(size_class, slab_colors)
                 cr_assert_eq(start_off, ci->link_bytes);
         }
     }
-    cr_assert_geq(colored, GS_NCLASSES / 2, "only %u classes have colours", colored);
+    /* 96 and 112 bytes have 64 bytes of slack beyond their links: two
+       colours. */
+    cr_assert_eq(gsi_classes[gsi_size_class(96)].colors, 2);
+    cr_assert_eq(gsi_classes[gsi_size_class(112)].colors, 2);
 }
 
 /* The index computation (inverse and rotate) is exact for every offset in

@@ -10,6 +10,8 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 
 static int cmp_ptr(const void *a, const void *b)
 {
@@ -236,24 +238,41 @@ Test(slab, exhausted_slab_released_and_adopted_by_free)
 }
 
 /* A slab formatted on slots that held other objects (bytes 0xFF here, as a
-   program may leave them): every object not linked yet reads UNUSED, never
-   ALLOCATED, whatever its link's bytes were. */
+   program may leave them; for the classes with links in the segment header,
+   the row a previous slab of the slot used): every object not linked yet
+   reads UNUSED, never ALLOCATED, whatever its link's bytes were. Formatted
+   at slot 1 of a segment-aligned mapping of the test's own, so that the
+   header is there. */
 Test(slab, format_marks_unlinked_objects_unused)
 {
     static struct gs_slab s;
     gsi_heap_init_once(); /* the class table */
+    char *map = mmap(NULL, 2 * GS_SEGMENT_SIZE, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(map, MAP_FAILED);
+    char *seg_base = (char *)(((uintptr_t)map + GS_SEGMENT_MASK) & ~GS_SEGMENT_MASK);
+    struct gs_segment *seg = (struct gs_segment *)seg_base;
+    char *base = seg_base + GS_SLOT_SIZE;
     for (unsigned c = 0; c < GS_NCLASSES; c++) {
         const struct gs_class_info *ci = &gsi_classes[c];
-        size_t bytes = (size_t)ci->span * GS_SLOT_SIZE;
-        char *base = aligned_alloc(GS_SLOT_SIZE, bytes);
-        cr_assert_not_null(base);
-        memset(base, 0xFF, bytes);
+        memset(seg_base, 0xFF, GS_SEGMENT_SIZE);
         gsi_slab_format(&s, base, c);
         for (uint32_t i = 0; i < s.capacity; i++)
             cr_assert_eq(gsi_link_load(&s, i), GS_LINK_UNUSED, "class %u, object %u", c, i);
         cr_assert_eq(gsi_link_load(&s, s.capacity), GS_LINK_INVALID);
-        free(base);
+        if (ci->header_links) {
+            /* Slot 1's row of the header; the objects from the slab's
+               first byte. */
+            cr_assert_eq(s.link, seg->slot_links[1], "class %u", c);
+            cr_assert_eq(s.start, base, "class %u", c);
+        } else {
+            cr_assert_geq((char *)s.link, base, "class %u", c);
+            cr_assert_leq((char *)(s.link + s.capacity + 1), s.start, "class %u", c);
+        }
+        cr_assert_leq(s.start + (size_t)s.capacity * s.obj_size, base + ci->span * GS_SLOT_SIZE,
+                      "class %u", c);
     }
+    munmap(map, 2 * GS_SEGMENT_SIZE);
 }
 
 /* End to end: 1000-byte blocks full of 0xFF are freed, their slots go back
