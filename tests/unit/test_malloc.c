@@ -389,6 +389,39 @@ Test(malloc, aligned_every_alignment)
     free(p);
 }
 
+/* An aligned block of up to 32 KiB comes from the class malloc picks for
+   its size rounded up to the alignment: the same usable size, on both
+   sides of 1 KiB, where the fast path chooses between two indexes of
+   malloc's table without a branch. Each pair is asked for twice, so the
+   second comes from the thread's active slab (the fast path). */
+Test(malloc, aligned_same_class_as_rounded_malloc)
+{
+    for (size_t align = 16; align <= 32768; align *= 2) {
+        for (size_t size = 1; size <= 33000; size += size < 1200 ? 1 : 61) {
+            size_t want = ((size < align ? align : size) + align - 1) & ~(align - 1);
+            if (want > 32768)
+                break;
+            void *m = malloc(want);
+            size_t expect = malloc_usable_size(m);
+            for (int k = 0; k < 2; k++) {
+                void *p = NULL;
+                cr_assert_eq(posix_memalign(&p, align, size), 0);
+                check_aligned(p, align, size, "posix_memalign");
+                cr_assert_eq(malloc_usable_size(p), expect,
+                             "posix_memalign(%zu, %zu): usable %zu, malloc(%zu) has %zu", align,
+                             size, malloc_usable_size(p), want, expect);
+                void *q = aligned_alloc(align, size);
+                check_aligned(q, align, size, "aligned_alloc");
+                cr_assert_eq(malloc_usable_size(q), expect, "aligned_alloc(%zu, %zu)", align,
+                             size);
+                free(q);
+                free(p);
+            }
+            free(m);
+        }
+    }
+}
+
 /* Size 0 with any alignment: a unique pointer that can be freed. */
 Test(malloc, aligned_zero_size_every_alignment)
 {
