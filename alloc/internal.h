@@ -151,7 +151,8 @@ enum gs_slab_kind {
  * read-modify-write on the malloc fast path) and frees and reclaims only
  * subtract, so the free fast path never sees it reach zero.
  * A slab with an owner is that heap's active slab for its class, or on its
- * partial list, or on its waiting list (pending objects only).
+ * partial list, or on its waiting list (pending objects only), or on its
+ * full list (used up, kept owned: heap.c, "Full slabs").
  */
 struct gs_slab {
     /* Fast-path fields first, and the struct 64-byte aligned: free reads
@@ -213,9 +214,15 @@ struct gs_slab {
     _Atomic uint64_t pending[GS_PENDING_CHAINS];
     /* Set (under orphan_lock[cls]) while on the orphan list. */
     bool orphaned;
+    /* Id of the heap that released it last: written by that owner before
+       its release CAS, read by the next owner after its acquire CAS (a
+       heap that adopts back its own slabs keeps them: heap.c, "Full
+       slabs"). Here, in the padding of the last line, to keep the struct
+       at three lines. */
+    uint32_t released_by;
 } __attribute__((aligned(64)));
 
-enum gs_slab_where { GS_IN_NONE = 0, GS_IN_ACTIVE, GS_IN_PARTIAL, GS_IN_WAITING };
+enum gs_slab_where { GS_IN_NONE = 0, GS_IN_ACTIVE, GS_IN_PARTIAL, GS_IN_WAITING, GS_IN_FULL };
 
 /*
  * A segment: 4 MiB aligned; slot 0 holds this header, slots 1..63 slabs.
@@ -293,6 +300,12 @@ struct gs_heap {
     bool lost;                                 /* fork child: abandoned, thread gone */
     struct gs_slab_list partial[GS_NCLASSES];  /* owned, with free objects */
     struct gs_slab_list waiting[GS_NCLASSES];  /* owned, pending objects only */
+    /* Used-up slabs kept owned instead of released, while keep_full (heap.c,
+       "Full slabs"): nothing free as far as the owner knows. */
+    struct gs_slab_list full[GS_NCLASSES];
+    bool keep_full;
+    uint32_t self_adopts;                      /* own released slabs adopted back */
+    unsigned poll_cls;                         /* full_poll_other's turn */
     size_t empty_bytes;                        /* empty slabs kept on partial lists */
     uint64_t decay_ns;                         /* last decay pass; 0: no medium slab yet (decay.c) */
     uint32_t decay_pass;                       /* passes made (decay.c) */

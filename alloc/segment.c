@@ -398,6 +398,7 @@ static struct gs_slab *reuse_ready_locked(struct gs_slab *s)
     s->idle_pass = 0;
     GS_ASSERT(s->decayed == 0); /* gsi_slab_retire forgot them */
     s->wait_cookie = 0;
+    s->released_by = 0;
     atomic_store_explicit(&s->owner_key, 0, memory_order_relaxed);
     atomic_store_explicit(&s->xstate, GS_X_MAKE(0, GS_LINK_END, 0), memory_order_relaxed);
     for (int i = 0; i < GS_PENDING_CHAINS; i++)

@@ -66,6 +66,7 @@ void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
     s->idle_pass = 0;
     s->decayed = 0;
     s->wait_cookie = 0;
+    s->released_by = 0;
     s->orphaned = false;
     /* Objects not linked yet: their links may hold whatever the slots held
        before (another class's objects, with any bytes, 0xFFFF included;
@@ -189,6 +190,7 @@ bool gsi_slab_release(struct gs_heap *h, struct gs_slab *s)
     atomic_store_explicit(&s->owner_key, 0, memory_order_relaxed);
     uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
     GS_ASSERT(GS_X_OWNER(x) == h->id);
+    s->released_by = h->id; /* published by the CAS below */
     /* Release pairs with the acquire CAS of the next adopter. Fails when a
        remote free got in: the caller collects and retries. */
     if (GS_X_COUNT(x) == 0 &&

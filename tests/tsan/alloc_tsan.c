@@ -8,7 +8,8 @@
  * Covered: cross-thread frees (remote chain, adoption of released slabs),
  * thread exit with live objects (abandonment, orphan adoption), gs_free_rcu
  * from several threads with readers validating objects (pending chains,
- * reclaim on refill, sweep), gs_reclaim, caches.
+ * reclaim on refill, sweep), gs_reclaim, caches, and heaps that keep their
+ * full slabs while other threads free into them.
  */
 #include "graceslab.h"
 
@@ -154,6 +155,64 @@ static void *updater(void *arg)
     return NULL;
 }
 
+/* 5. Full slabs kept owned (alloc/heap.c, "Full slabs"): each keeper
+   replaces random blocks among many of its own, so its frees adopt back
+   its released slabs and it starts keeping its used-up slabs; every 16th
+   replacement it also hands an old block to the others through a mailbox
+   and frees the one it got: remote frees into another keeper's full
+   slabs, which end that keeper's keeping, and so on again. Contents
+   checked. */
+enum { KEEP_SLOTS = 20000, KEEP_ROUNDS = 100000 };
+static void *_Atomic mailbox[8];
+
+static void *keeper(void *arg)
+{
+    unsigned id = (unsigned)(uintptr_t)arg;
+    void **slot = calloc(KEEP_SLOTS, sizeof *slot); /* the test's own: libc's */
+    unsigned *seed_of = calloc(KEEP_SLOTS, sizeof *seed_of);
+    CHECK(slot && seed_of);
+    uint64_t r = 0x9e3779b97f4a7c15ull * (id + 1);
+    for (unsigned k = 0; k < KEEP_ROUNDS; k++) {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        unsigned i = (unsigned)(r % KEEP_SLOTS), seed = (unsigned)(r >> 40);
+        size_t n = 16 + (size_t)(r >> 20) % 497;
+        if (slot[i]) {
+            verify(slot[i], 16, seed_of[i]);
+            gs_free(slot[i]);
+        }
+        CHECK((slot[i] = gs_malloc(n)));
+        fill(slot[i], 16, seed);
+        seed_of[i] = seed;
+        if (k % 16 == 0 && slot[(i + 1) % KEEP_SLOTS]) {
+            /* An old block (likely in one of this keeper's full slabs) goes
+               to the mailbox, first 16 bytes 0xa5, and a new one takes its
+               slot. */
+            unsigned j = (i + 1) % KEEP_SLOTS;
+            void *mine = slot[j];
+            verify(mine, 16, seed_of[j]);
+            memset(mine, 0xa5, 16);
+            CHECK((slot[j] = gs_malloc(n)));
+            fill(slot[j], 16, seed_of[j]);
+            void *got = atomic_exchange(&mailbox[(id + k / 16) % 8], mine);
+            if (got) {
+                for (int b = 0; b < 16; b++)
+                    CHECK(((unsigned char *)got)[b] == 0xa5);
+                gs_free(got);
+            }
+        }
+    }
+    for (unsigned i = 0; i < KEEP_SLOTS; i++) {
+        if (slot[i])
+            verify(slot[i], 16, seed_of[i]);
+        gs_free(slot[i]);
+    }
+    free(slot);
+    free(seed_of);
+    return NULL;
+}
+
 int main(void)
 {
     pthread_t t[8];
@@ -222,6 +281,14 @@ int main(void)
     for (int i = 1; i < 256; i += 2)
         gs_cache_free_rcu(c, objs[i]);
     gs_cache_destroy(c);
+
+    /* 5. full slabs kept, swapped blocks freed by other threads */
+    for (uintptr_t i = 0; i < 3; i++)
+        pthread_create(&t[i], NULL, keeper, (void *)i);
+    for (int i = 0; i < 3; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < 8; i++)
+        gs_free(atomic_exchange(&mailbox[i], NULL));
     puts("alloc_tsan: ok");
     return 0;
 }

@@ -1321,3 +1321,173 @@ Test(heap, malloc_trim_gives_back_free_medium_objects)
             free(p[i]);
     gs_reclaim(SIZE_MAX);
 }
+
+/* ---- full slabs kept by a heap that adopts its own back (heap.c) ---- */
+
+#define KF_SIZE 64
+#define KF_SLABS 80
+
+struct kf {
+    void **p;     /* every block allocated, NULL once freed */
+    size_t n;
+    unsigned cls;
+};
+
+/* Fills KF_SLABS slabs of KF_SIZE, then frees one block in each of 70
+   of them (not the active one): each was used up and released, so each
+   free adopts back a slab of this heap, and after GS_KEEP_FULL_AFTER (64)
+   of them the heap keeps its used-up slabs. Then allocates until one such
+   slab is used up again: it must be on the full list, still owned. */
+static struct gs_slab *kf_setup(struct kf *k)
+{
+    k->cls = gsi_size_class(KF_SIZE);
+    k->n = (size_t)KF_SLABS * gsi_classes[k->cls].capacity;
+    k->p = gst_raw_array(k->n + 4096);
+    cr_assert_not_null(k->p);
+    for (size_t i = 0; i < k->n; i++)
+        cr_assert_not_null(k->p[i] = malloc(KF_SIZE));
+    struct gs_heap *h = gsi_tls_mine;
+    cr_assert(!h->keep_full);
+    struct gs_slab *last = NULL;
+    unsigned adopted = 0;
+    for (size_t i = 0; i < k->n && adopted < 70; i++) {
+        struct gs_slab *s = gsi_slab_of(k->p[i]);
+        if (s == last || s == h->active[k->cls])
+            continue;
+        last = s;
+        cr_assert_eq(GS_X_OWNER(atomic_load(&s->xstate)), 0, "a used-up slab was not released");
+        free(k->p[i]);
+        k->p[i] = NULL;
+        cr_assert_eq(GS_X_OWNER(atomic_load(&s->xstate)), h->id, "the free did not adopt it");
+        adopted++;
+    }
+    cr_assert(h->keep_full, "no keep_full after %u adoptions of its own slabs", adopted);
+    for (size_t i = k->n; i < k->n + 4096 && !h->full[k->cls].first; i++)
+        cr_assert_not_null(k->p[i] = malloc(KF_SIZE));
+    k->n += 4096;
+    struct gs_slab *s = h->full[k->cls].first;
+    cr_assert_not_null(s, "no slab on the full list");
+    cr_assert_eq(s->where, GS_IN_FULL);
+    cr_assert_eq(GS_X_OWNER(atomic_load(&s->xstate)), h->id, "a full slab was released");
+    cr_assert_eq(atomic_load(&s->owner_key), h->key, "its frees must take the fast path");
+    return s;
+}
+
+/* The index of a live block of k's in slab s (there must be one). */
+static size_t kf_block_in(const struct kf *k, const struct gs_slab *s)
+{
+    size_t i = 0;
+    while (i < k->n && (!k->p[i] || gsi_slab_of(k->p[i]) != s))
+        i++;
+    cr_assert_lt(i, k->n, "no live block in the full slab");
+    return i;
+}
+
+static void kf_free_all(struct kf *k)
+{
+    for (size_t i = 0; i < k->n; i++)
+        free(k->p[i]);
+    munmap(k->p, k->n * sizeof(void *));
+}
+
+/* The owner's free into a full slab is an ordinary local free (the slab
+   stays on the full list, owned), and a later refill finds the room it
+   made: the block is handed out again. Freeing everything leaves no empty
+   slab on a full list. */
+Test(heap, keeps_full_slabs_when_it_adopts_its_own_back)
+{
+    struct kf k;
+    struct gs_slab *s = kf_setup(&k);
+    struct gs_heap *h = gsi_tls_mine;
+    size_t i = kf_block_in(&k, s);
+    uint64_t used = s->used;
+    void *freed = k.p[i];
+    free(freed);
+    k.p[i] = NULL;
+    cr_assert_eq(s->where, GS_IN_FULL);
+    cr_assert_eq(s->used, used - 1);
+    cr_assert_eq(s->free_ptr, (char *)freed, "not on the slab's free list");
+    cr_assert_eq(GS_X_OWNER(atomic_load(&s->xstate)), h->id);
+    /* Every full slab gets its turn: the block comes back within as many
+       allocations as there are objects in all the slabs made so far. */
+    enum { MORE = 200000 };
+    void **more = gst_raw_array(MORE);
+    size_t m = 0;
+    bool again = false;
+    while (m < MORE && !again) {
+        cr_assert_not_null(more[m] = malloc(KF_SIZE));
+        again = more[m++] == freed;
+    }
+    cr_assert(again, "the freed block was not handed out again in %zu allocations", m);
+    for (size_t j = 0; j < m; j++)
+        free(more[j]);
+    kf_free_all(&k);
+    /* What stays on a full list holds someone's blocks (the test runner's):
+       an emptied slab never stays there. */
+    size_t left = 0;
+    for (unsigned c = 0; c < GS_NCLASSES; c++)
+        for (struct gs_slab *f = h->full[c].first; f; f = f->next, left++)
+            cr_assert_gt(f->used, 0, "an empty slab on the full list of class %u", c);
+    cr_assert_leq(left, 2, "%zu slabs still on full lists after every free", left);
+}
+
+struct kf_remote {
+    void *block;
+};
+
+static void *kf_free_elsewhere(void *arg)
+{
+    free(((struct kf_remote *)arg)->block); /* remote: pushed at thread exit at the latest */
+    return NULL;
+}
+
+/* Another thread's free into a full slab waits on its remote chain; the
+   owner's refills look at the full slabs, find it, and the heap goes back
+   to releasing its used-up slabs (none left on the full lists). */
+Test(heap, remote_free_into_full_slab_ends_keep_full)
+{
+    struct kf k;
+    struct gs_slab *s = kf_setup(&k);
+    struct gs_heap *h = gsi_tls_mine;
+    size_t i = kf_block_in(&k, s);
+    struct kf_remote r = {k.p[i]};
+    k.p[i] = NULL;
+    run_thread(kf_free_elsewhere, &r);
+    cr_assert_eq(GS_X_COUNT(atomic_load(&s->xstate)), 1, "the remote free is not on the chain");
+    /* Allocate until refill has looked at every full slab. */
+    enum { MORE = 200000 };
+    void **more = gst_raw_array(MORE);
+    size_t m = 0;
+    while (m < MORE && h->keep_full)
+        cr_assert_not_null(more[m++] = malloc(KF_SIZE));
+    cr_assert(!h->keep_full, "still keeping full slabs after %zu allocations", m);
+    size_t full = 0;
+    for (unsigned c = 0; c < GS_NCLASSES; c++)
+        full += h->full[c].count;
+    cr_assert_eq(full, 0);
+    for (size_t j = 0; j < m; j++)
+        free(more[j]);
+    kf_free_all(&k);
+}
+
+static void *kf_thread_exits_with_full_slabs(void *arg)
+{
+    struct kf *k = arg;
+    struct gs_slab *s = kf_setup(k);
+    (void)s;
+    return NULL; /* exits holding full slabs */
+}
+
+/* A thread that exits with slabs on its full list gives them up like the
+   others: every slab of its blocks is ownerless afterwards, and another
+   thread frees them all. */
+Test(heap, thread_exit_releases_full_slabs)
+{
+    struct kf k;
+    run_thread(kf_thread_exits_with_full_slabs, &k);
+    for (size_t i = 0; i < k.n; i++)
+        if (k.p[i])
+            cr_assert_eq(GS_X_OWNER(atomic_load(&gsi_slab_of(k.p[i])->xstate)), 0,
+                         "block %zu: its slab is still owned after its thread exited", i);
+    kf_free_all(&k);
+}
