@@ -240,7 +240,7 @@ struct gs_segment {
     struct gs_slab *slot_slab[GS_SLOTS]; /* slot -> slab metadata (first slot of a span) */
     bool fastmapped;                     /* slot_slab mirrored in gsi_fastmap */
     struct gs_slab slabs[GS_SLOTS];      /* metadata, indexed by first slot */
-    /* Link arrays of the slabs whose class has them here (header_links),
+    /* Link arrays of the slabs whose class has them here (gsi_class_header_links),
        indexed by first slot: dense, so the lines every malloc and free
        read spread over the cache sets instead of piling up at the slabs'
        64 KiB-aligned starts. Row 0 (the header's own slot) is unused. */
@@ -331,11 +331,10 @@ struct gs_heap {
 struct gs_class_info {
     uint32_t size;       /* object size */
     uint32_t capacity;   /* objects per slab */
-    uint32_t link_bytes; /* bytes before the first object (at colour 0); 0
-                            with header_links */
+    uint32_t link_bytes; /* bytes before the first object (at colour 0); 0:
+                            the links are in the segment header
+                            (gsi_class_header_links) */
     uint32_t colors;     /* link-array offsets, 64 B apart, that fit (gsi_class_color) */
-    bool header_links;   /* links in the segment header (slot_links), the
-                            whole span for objects */
     uint8_t span;        /* slots per slab */
     uint64_t inverse;    /* inverse of the odd part of size, mod 2^64 */
     uint8_t shift;       /* size == odd part << shift */
@@ -344,6 +343,12 @@ struct gs_class_info {
     uint16_t direct_first, direct_end;
 };
 extern struct gs_class_info gsi_classes[GS_NCLASSES];
+/* The class keeps its links in the segment header (slot_links), and the
+   whole span holds objects (size_class.c, "Where the links live"). */
+GS_INLINE bool gsi_class_header_links(const struct gs_class_info *ci)
+{
+    return ci->link_bytes == 0;
+}
 /* Class of a size <= 1024, indexed by (size + 15) >> 4. Filled once at
    initialisation; read by the malloc fast path before it knows whether the
    thread (or the process) is initialised, so entries are relaxed atomics
@@ -357,7 +362,7 @@ GS_INLINE unsigned gsi_small_class(size_t size)
 }
 void gsi_classes_init(void);
 /* Layout of the slab of class ci at base, for a class without
-   header_links: link array at base + *link_off, first object at
+   gsi_class_header_links: link array at base + *link_off, first object at
    base + *start_off (see gsi_class_color in size_class.c). */
 void gsi_class_color(const struct gs_class_info *ci, const void *base, size_t *link_off,
                      size_t *start_off);
@@ -389,11 +394,19 @@ GS_INLINE unsigned gsi_size_class(size_t size)
    alignment (the size's lowest set bit, up to a slot; gsi_class_color) and
    the others follow at multiples of the size. tests/unit/test_size_class
    checks every size against a search of the class table. */
+/* size rounded up to a multiple of align (a power of two), at least align:
+   the class of that size is the smallest whose objects are aligned to
+   align (see gsi_class_aligned). No overflow for size and align up to
+   GS_SMALL_MAX. */
+GS_INLINE size_t gsi_aligned_size(size_t size, size_t align)
+{
+    return ((size < align ? align : size) + align - 1) & ~(align - 1);
+}
 GS_INLINE int gsi_class_aligned(size_t size, size_t align)
 {
     if (size > GS_SMALL_MAX || align > GS_SLOT_SIZE)
         return -1;
-    size_t want = ((size < align ? align : size) + align - 1) & ~(align - 1);
+    size_t want = gsi_aligned_size(size, align);
     if (want > GS_SMALL_MAX)
         return -1;
     return (int)(want <= 1024 ? gsi_small_class(want) : gsi_class_above_1k(want));

@@ -191,7 +191,7 @@ GS_INLINE void *aligned_fast(size_t size, size_t align)
        overflowing. */
     if (GS_UNLIKELY(size > GS_DIRECT_MAX || align > GS_DIRECT_MAX))
         return NULL;
-    size_t want = ((size < align ? align : size) + align - 1) & ~(align - 1);
+    size_t want = gsi_aligned_size(size, align);
     if (GS_UNLIKELY(want > GS_DIRECT_MAX))
         return NULL;
     /* GS_DIRECT_INDEX(want) without a branch: with sizes drawn at random

@@ -66,8 +66,7 @@ static void class_layout(struct gs_class_info *ci, uint32_t size)
     while (n && round_up(2 * (n + 1), align) + n * size > bytes)
         n--;
     ci->size = size;
-    ci->header_links = in_header >= n;
-    if (ci->header_links) {
+    if (in_header >= n) {
         ci->capacity = (uint32_t)in_header;
         ci->link_bytes = 0;
         ci->colors = 1;

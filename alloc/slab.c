@@ -36,7 +36,7 @@ void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
     const struct gs_class_info *ci = &gsi_classes[cls];
     /* memcheck: the slots may have held objects of another class, which
        it knows as freed blocks. */
-    if (ci->header_links) {
+    if (gsi_class_header_links(ci)) {
         struct gs_segment *seg = (struct gs_segment *)((uintptr_t)base & ~GS_SEGMENT_MASK);
         s->link = seg->slot_links[((uintptr_t)base >> GS_SLOT_SHIFT) & (GS_SLOTS - 1)];
         s->start = base;

@@ -142,7 +142,7 @@ Test(size_class, slab_layout)
                       "class %u (%u B): only %u objects", c, ci->size, ci->capacity);
         cr_assert_leq(ci->capacity, GS_MAX_OBJECTS);
         size_t front = front_fit(ci, bytes, natural_align(ci->size));
-        if (ci->header_links) {
+        if (gsi_class_header_links(ci)) {
             in_header++;
             cr_assert_eq(ci->link_bytes, 0);
             cr_assert_leq(2 * (ci->capacity + 1), GS_SLOT_LINK_BYTES,
@@ -175,7 +175,7 @@ Test(size_class, slab_layout)
     cr_assert_eq(gsi_classes[GS_NCLASSES - in_header].size, 176, "header links from %u B",
                  gsi_classes[GS_NCLASSES - in_header].size);
     for (unsigned c = GS_NCLASSES - in_header; c < GS_NCLASSES; c++)
-        cr_assert(gsi_classes[c].header_links, "class %u in the middle of the header ones", c);
+        cr_assert(gsi_class_header_links(&gsi_classes[c]), "class %u in the middle of the header ones", c);
 }
 
 /* Colouring (gsi_class_color), for the classes with front links: at every
@@ -187,7 +187,7 @@ Test(size_class, slab_colors)
 {
     for (unsigned c = 0; c < GS_NCLASSES; c++) {
         const struct gs_class_info *ci = &gsi_classes[c];
-        if (ci->header_links)
+        if (gsi_class_header_links(ci))
             continue;
         size_t bytes = (size_t)ci->span * GS_SLOT_SIZE;
         cr_assert_geq(ci->colors, 1);

@@ -260,7 +260,7 @@ Test(slab, format_marks_unlinked_objects_unused)
         for (uint32_t i = 0; i < s.capacity; i++)
             cr_assert_eq(gsi_link_load(&s, i), GS_LINK_UNUSED, "class %u, object %u", c, i);
         cr_assert_eq(gsi_link_load(&s, s.capacity), GS_LINK_INVALID);
-        if (ci->header_links) {
+        if (gsi_class_header_links(ci)) {
             /* Slot 1's row of the header; the objects from the slab's
                first byte. */
             cr_assert_eq(s.link, seg->slot_links[1], "class %u", c);
