@@ -521,7 +521,7 @@ void gsi_decay_forget(struct gs_slab *s);
 
 /* The fast map: the free fast path's way from a pointer to its slab
    metadata, one load and no branch. One entry per 64 KiB slot of address
-   space modulo 2^(GS_FASTMAP_BITS + GS_SLOT_SHIFT) (256 GiB); an entry holds
+   space modulo 2^(GS_FASTMAP_BITS + GS_SLOT_SHIFT) (64 GiB); an entry holds
    the slab's metadata address as an offset from gsi_unused_slab, so a zero
    entry (never written: foreign memory) names gsi_unused_slab, whose owner
    never matches a heap. It is a hint, not an authority: free accepts a
@@ -532,11 +532,11 @@ void gsi_decay_forget(struct gs_slab *s);
    entries only ever name metadata inside a mapped segment or the
    sentinel: a segment's entries are cleared before it is unmapped, and
    while a segment shares its entries with another live segment or a live
-   large block (addresses a multiple of 256 GiB apart) nobody owns them, so
+   large block (addresses a multiple of 64 GiB apart) nobody owns them, so
    no valid free can read metadata of a segment being unmapped (segment.c,
    "Sharing"; docs/design.md, section 1). */
 #ifndef GS_FASTMAP_BITS /* smaller in the alias test build (tests/unit) */
-#define GS_FASTMAP_BITS 22
+#define GS_FASTMAP_BITS 20
 #endif
 extern _Atomic uintptr_t gsi_fastmap[(size_t)1 << GS_FASTMAP_BITS];
 extern struct gs_slab gsi_unused_slab;

@@ -112,7 +112,7 @@ static void fastmap_mirror(struct gs_segment *seg, bool on)
 }
 
 /* Sharing. 4 MiB units whose addresses are equal modulo the map's span
-   (256 GiB) share entries: they form one class. Its participants are the
+   (64 GiB) share entries: they form one class. Its participants are the
    live segments in it and the live large blocks whose user pointer lies
    past their mapping's first slot (a free of such a block reads the entry
    of a slot that a segment of the class may own; a block starting in slot

@@ -1,10 +1,11 @@
 /*
  * graceslab's address-space footprint: a small program preloading it
- * runs under an RLIMIT_AS of 64 MiB. Its fixed tables take about 33 MiB of
- * address space (the free fast path's map, 32 MiB, and the segment map's
+ * runs under an RLIMIT_AS of 32 MiB. Its fixed tables take about 9 MiB of
+ * address space (the free fast path's map, 8 MiB, and the segment map's
  * top level; its leaves are mapped only where graceslab maps), plus the
- * segments in use. With the flat 32 MiB segment map of the earlier design
- * the library did not even load there ("cannot be preloaded").
+ * segments in use. It passes down to 24 MiB. With the 32 MiB fast map of
+ * the earlier design the library did not load under 32 MiB ("cannot be
+ * preloaded"), nor under 64 MiB with the flat segment map before that.
  *
  * usage: address_space LIBGRACESLAB.so — sets the limit, then re-executes
  * itself with the library preloaded; the child checks that its malloc is
@@ -20,7 +21,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#define LIMIT ((rlim_t)64 << 20)
+#define LIMIT ((rlim_t)32 << 20)
 
 static int child(void)
 {

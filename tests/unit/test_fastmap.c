@@ -5,7 +5,7 @@
  * multiple of the map's span apart) have none, and their blocks still
  * free correctly through the slow path; unmapped segments leave no entry.
  * Linked with the static archive; built twice: with the real map (span
- * 256 GiB, so sharing does not happen here) and with GS_FASTMAP_BITS=8
+ * 64 GiB, so sharing does not happen here) and with GS_FASTMAP_BITS=8
  * (span 16 MiB: every fourth segment shares), test_fastmap_alias.
  */
 #include <criterion/criterion.h>
@@ -102,7 +102,7 @@ Test(fastmap, entries_name_the_slab_of_every_live_block)
        this build tests nothing. */
     cr_assert_gt(sharing, 0, "no two segments share entries");
 #else
-    cr_assert_eq(sharing, 0, "segments 256 GiB apart in a 150 MiB heap");
+    cr_assert_eq(sharing, 0, "segments 64 GiB apart in a 150 MiB heap");
 #endif
     release(0, N, 1);
 }
