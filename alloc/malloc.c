@@ -297,7 +297,27 @@ GS_EXPORT void *gs_realloc(void *p, size_t size)
     } else {
         gsi_fatal("realloc", "invalid pointer (not allocated by graceslab)", p);
     }
-    void *q = gs_malloc(size);
+    /* Growth room: a block that grows a little out of its class is likely
+       to grow again, and a slab block cannot grow in place (its
+       neighbours are other objects), so the move asks for at least a
+       quarter more than the old block, as tcmalloc's realloc does.
+       Sixteen strings grown 16 bytes at a time up to 4 KiB, then by a
+       quarter up to 256 KiB (bench/realloc), move 48 % fewer times and
+       copy 18 % fewer bytes (docs/benchmarks.md). A larger jump (a vector
+       that doubles) gets the size asked for, with no room it would not
+       use; large blocks grow with mremap instead. If the room is refused,
+       the exact size is tried. */
+    void *q = NULL;
+    if (kind == GS_MAP_SMALL && size > usable && size < usable + usable / 4) {
+        int saved = errno;
+        size_t room = usable + usable / 4;
+        if (size <= GS_SMALL_MAX && room > GS_SMALL_MAX)
+            room = GS_SMALL_MAX; /* stays a slab block */
+        q = gs_malloc(room);
+        errno = saved;
+    }
+    if (!q)
+        q = gs_malloc(size);
     if (!q)
         return NULL; /* p stays valid; errno is ENOMEM */
     GS_VG_QUIET_BEGIN();

@@ -52,7 +52,9 @@ void *gs_calloc(size_t n, size_t size);
 
 /* glibc realloc: p == NULL is gs_malloc(size); size == 0 frees p and returns
    NULL; on failure returns NULL with ENOMEM and p stays valid. Growing
-   within gs_usable_size(p) returns p itself. */
+   within gs_usable_size(p) returns p itself. A block that grows by less
+   than a quarter and must move gets room for a quarter more than it had
+   (its next small growth stays in place), as tcmalloc does. */
 void *gs_realloc(void *p, size_t size);
 
 /* alignment must be a power of two (any, up to at least 64 MiB);

@@ -296,6 +296,36 @@ Test(malloc, realloc_within_usable_does_not_move)
     }
 }
 
+/* A slab block that grows a little out of its class moves to one with a
+   quarter more room than it had (malloc.c), so the next small growth stays
+   in place; a larger jump, and a large block, get malloc's size. */
+Test(malloc, realloc_growth_leaves_room)
+{
+    static const size_t sizes[] = {16, 100, 1000, 4000, 30000, 100000, 200000, 262144};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        char *p = malloc(sizes[i]);
+        size_t u = malloc_usable_size(p), n = u + 1;
+        gst_fill(p, u, 4);
+        char *q = realloc(p, n);
+        cr_assert_not_null(q);
+        size_t want = u + u / 4;
+        if (n <= 262144 && want > 262144)
+            want = 262144;
+        cr_assert_geq(malloc_usable_size(q), want, "realloc(%zu) of a %zu-byte block: %zu usable",
+                      n, u, malloc_usable_size(q));
+        cr_assert_eq(gst_check(q, u, 4), u);
+        cr_assert_eq(realloc(q, want), q, "growth within the room moved");
+        free(q);
+        /* Twice the size: no room beyond the class malloc gives. */
+        p = malloc(sizes[i]);
+        q = realloc(p, 2 * u);
+        char *r = malloc(2 * u);
+        cr_assert_eq(malloc_usable_size(q), malloc_usable_size(r), "realloc(%zu)", 2 * u);
+        free(q);
+        free(r);
+    }
+}
+
 Test(malloc, realloc_moves_keep_contents)
 {
     uint64_t rng = 7;
