@@ -315,6 +315,8 @@ GS_EXPORT void *gs_realloc(void *p, size_t size)
             room = GS_SMALL_MAX; /* stays a slab block */
         q = gs_malloc(room);
         errno = saved;
+        if (q)
+            GS_VG_RESIZE(q, size); /* memcheck: the block is what was asked */
     }
     if (!q)
         q = gs_malloc(size);

@@ -132,6 +132,15 @@ int main(int argc, char **argv)
             return 1;
         sink = q[35]; /* memcheck: invalid read past the shrunk block */
         free(q);
+    } else if (!strcmp(s, "realloc_room")) {
+        /* A block that grows out of its class moves with room to grow
+           (malloc.c); memcheck still knows only the size asked for.
+           (No malloc_usable_size(q): it would give the program the room.) */
+        size_t n = malloc_usable_size(p);
+        char *q = realloc(p, n + 1);
+        q[n] = 1;
+        sink = q[n + 1]; /* memcheck: invalid read past the requested size */
+        free(q);
     } else if (!strcmp(s, "calloc_cached_large")) {
         /* calloc reusing a freed large block (the large cache): zeroing
            it is graceslab's write to the new block, not to freed memory. */

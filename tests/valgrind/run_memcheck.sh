@@ -43,6 +43,7 @@ VG_ENV=GRACESLAB_HEAP_EMPTY_KB=0 expect slot_reuse 0 ''
 expect usable_size 0 ''
 expect usable_size_overflow 42 'Invalid read of size 1'
 expect realloc_in_place 42 'Invalid read of size 1'
+expect realloc_room 42 'Invalid read of size 1'
 expect calloc_cached_large 0 ''
-if [ $fail -eq 0 ]; then echo "16 passed, 0 failed"; else echo "memcheck scenarios failed"; fi
+if [ $fail -eq 0 ]; then echo "17 passed, 0 failed"; else echo "memcheck scenarios failed"; fi
 exit $fail
