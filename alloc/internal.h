@@ -596,6 +596,12 @@ GS_INLINE void gsi_slab_set_head(struct gs_slab *s, size_t idx)
 GS_INLINE void *gsi_slab_pop(struct gs_slab *s)
 {
     char *p = s->free_ptr;
+#if defined(__x86_64__)
+    /* p in the return register from the start: GCC otherwise loads it
+       into another one and copies it at the end, one instruction of
+       malloc's fast path (20 -> 19). */
+    __asm__("" : "+a"(p));
+#endif
     uint64_t idx = s->free_head;
     gsi_slab_set_head(s, gsi_link_load(s, idx));
     gsi_link_store(s, idx, GS_LINK_ALLOCATED);
