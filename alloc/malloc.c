@@ -1,8 +1,8 @@
 /*
  * The override layer: where every malloc-family call enters graceslab.
  *
- * Fast paths (19 instructions for malloc, 26 for free; the unlikely cases
- * in noinline slow functions):
+ * Fast paths (19 instructions for malloc, 26 for free, returns included;
+ * the unlikely cases in noinline slow functions):
  *   malloc: size -> the thread's active slab for it (heap->direct, up to
  *           32 KiB; a second size test above 1 KiB; the medium classes
  *           above it in malloc_large, by computed class), pop
@@ -85,7 +85,7 @@ GS_EXPORT void gs_free(void *p)
     struct gs_slab *s = gsi_slab_hint(p);
     if (GS_LIKELY(atomic_load_explicit(&s->owner_key, memory_order_relaxed) == gsi_thread_key())) {
         long idx = gsi_slab_index(s, p);
-        if (GS_LIKELY(idx >= 0 && gsi_link_load(s, (uint32_t)idx) == GS_LINK_ALLOCATED)) {
+        if (GS_LIKELY(idx >= 0 && gsi_link_allocated_own(s, (uint32_t)idx))) {
             gsi_slab_push(s, (uint32_t)idx, p);
             if (GS_LIKELY(--s->used != 0))
                 return;
