@@ -355,10 +355,17 @@ GS_INLINE bool gsi_class_header_links(const struct gs_class_info *ci)
    (plain byte loads): a value read too early is harmless, because an
    uninitialised thread's heap has only empty slabs and its slow path
    computes the class again after initialising. */
-extern _Atomic uint8_t gsi_class_of_small[(1024 >> 4) + 1];
+/* 128 entries for 65 used, and the index masked: a no-op for sizes up to
+   1024, but gcc at -O0 then sees no out-of-bounds read on the paths it
+   does not remove (a constant size above 1024 behind a test; its
+   -Wstringop-overflow false positive in debug builds). */
+#define GS_SMALL_CLASS_ENTRIES 128
+extern _Atomic uint8_t gsi_class_of_small[GS_SMALL_CLASS_ENTRIES];
 GS_INLINE unsigned gsi_small_class(size_t size)
 {
-    return atomic_load_explicit(&gsi_class_of_small[(size + 15) >> 4], memory_order_relaxed);
+    return atomic_load_explicit(
+        &gsi_class_of_small[((size + 15) >> 4) & (GS_SMALL_CLASS_ENTRIES - 1)],
+        memory_order_relaxed);
 }
 void gsi_classes_init(void);
 /* Layout of the slab of class ci at base, for a class without
@@ -437,8 +444,11 @@ extern _Atomic(_Atomic uint8_t *) gsi_segmap_top[(size_t)1 << (GS_ADDR_BITS - GS
    a leaf (os.c, map_reserve): its zero bytes are seen as such. */
 GS_INLINE _Atomic uint8_t *gsi_map_leaf(uintptr_t u)
 {
-    return atomic_load_explicit(&gsi_segmap_top[u >> (GS_MAP_LEAF_SHIFT - GS_SEGMENT_SHIFT)],
-                                memory_order_acquire);
+    /* The mask is a no-op for u below 2^GS_ADDR_BITS, as for
+       gsi_small_class: no -O0 false positive on a caller's constant. */
+    size_t top = (u >> (GS_MAP_LEAF_SHIFT - GS_SEGMENT_SHIFT)) &
+                 (((size_t)1 << (GS_ADDR_BITS - GS_MAP_LEAF_SHIFT)) - 1);
+    return atomic_load_explicit(&gsi_segmap_top[top], memory_order_acquire);
 }
 
 /* The byte of unit u. */

@@ -22,7 +22,7 @@
 #include "alloc/internal.h"
 
 struct gs_class_info gsi_classes[GS_NCLASSES];
-_Atomic uint8_t gsi_class_of_small[(1024 >> 4) + 1];
+_Atomic uint8_t gsi_class_of_small[GS_SMALL_CLASS_ENTRIES];
 
 /* Up to a slot (64 KiB), the alignment of every slab's base. */
 static size_t natural_align(size_t size)
