@@ -308,9 +308,9 @@ GS_EXPORT void *gs_realloc(void *p, size_t size)
        use; large blocks grow with mremap instead. If the room is refused,
        the exact size is tried. */
     void *q = NULL;
-    if (kind == GS_MAP_SMALL && size > usable && size < usable + usable / 4) {
+    size_t room = usable + usable / 4;
+    if (kind == GS_MAP_SMALL && size > usable && size < room) {
         int saved = errno;
-        size_t room = usable + usable / 4;
         if (size <= GS_SMALL_MAX && room > GS_SMALL_MAX)
             room = GS_SMALL_MAX; /* stays a slab block */
         q = gs_malloc(room);
