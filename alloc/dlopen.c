@@ -44,10 +44,20 @@ static void *(*_Atomic libc_dlopen)(const char *, int);
 #define GS_TAIL_CALLER __attribute__((optimize("O2", "optimize-sibling-calls")))
 #endif
 
+/* libc.a's dlopen, of which `dlopen` is a weak alias there (glibc 2.34
+   on). A fully static program has no RTLD_NEXT to look it up with, and
+   graceslab's dlopen takes its name; this reaches the function, which a
+   static program that calls dlopen has anyway (libc.a's own dlopen
+   machinery refers to it). Weak: where libc is a shared library it does
+   not export the name, and this stays null. */
+extern void *___dlopen(const char *, int) __attribute__((weak));
+
 static GS_NOINLINE void *(*find_libc_dlopen(void))(const char *, int)
 {
     void *(*f)(const char *, int);
     *(void **)&f = dlsym(RTLD_NEXT, "dlopen");
+    if (!f)
+        f = ___dlopen;
     if (!f)
         gsi_fatal_msg("dlopen", "libc's dlopen not found");
     atomic_store_explicit(&libc_dlopen, f, memory_order_relaxed);

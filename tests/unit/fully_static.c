@@ -3,11 +3,12 @@
  * (libc.a defines malloc and its extensions in one object, so every name a
  * program may call must be graceslab's too, or the linker pulls glibc's
  * malloc in beside it and fails), its malloc is graceslab's, and threads,
- * fork, stdio and glibc's extensions work. Not Criterion: it would need its own
- * static libraries. Exit status 0, or 1 with a line on stderr.
+ * fork, stdio, glibc's extensions and dlopen work. Not Criterion: it would
+ * need its own static libraries. Exit status 0, or 1 with a line on stderr.
  */
 #include "graceslab.h"
 
+#include <dlfcn.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -79,6 +80,21 @@ int main(void)
     check(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
               WEXITSTATUS(status) == 0,
           "the fork child could not allocate");
+    /* dlopen goes through graceslab's (alloc/dlopen.c) to libc.a's: the
+       library loads and its code runs (its own malloc is the shared
+       libc's, as it is without graceslab); a missing one fails with a
+       message. */
+    void *m = dlopen("libm.so.6", RTLD_NOW | RTLD_DEEPBIND);
+    check(m != NULL, "dlopen(libm.so.6) failed");
+    if (m) {
+        double (*cosine)(double);
+        *(void **)&cosine = dlsym(m, "cos");
+        check(cosine && cosine(0.0) == 1.0, "libm's cos not found or wrong");
+        check(dlclose(m) == 0, "dlclose failed");
+    }
+    check(dlopen("libgraceslab-no-such-library.so", RTLD_NOW) == NULL && dlerror() != NULL,
+          "dlopen of a missing library did not fail with a message");
+
     char *s = strdup("fully static");
     check(s && strcmp(s, "fully static") == 0, "strdup");
     free(s);
