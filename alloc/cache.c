@@ -162,10 +162,10 @@ retry:;
             retire_empty_locked(c);
             /* (A current slab here is one the cache used up.) */
             bool used_up = c->current != NULL;
-            s = gsi_slab_new(c->cls, used_up);
+            s = gsi_slab_new(c->cls, used_up, 0);
             if (!s && (pthread_mutex_unlock(&c->lock.mutex), gsi_oom_reclaim())) {
                 pthread_mutex_lock(&c->lock.mutex);
-                s = gsi_slab_new(c->cls, used_up);
+                s = gsi_slab_new(c->cls, used_up, 0);
             } else if (!s) {
                 pthread_mutex_lock(&c->lock.mutex);
             }

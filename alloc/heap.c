@@ -692,8 +692,12 @@ static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
             put_exhausted(h, s);
         }
     }
-    /* An active slab at the start means refill found it used up. */
-    s = gsi_slab_new(cls, used_up);
+    /* An active slab at the start means refill found it used up. A
+       thread's heap places its slabs in segments of its own once it has
+       made a few (segment.c, place_locked). */
+    uint32_t affinity = h->thread_ptr && h->slabs_made >= GS_HEAP_CLAIM_AFTER ? h->id : 0;
+    h->slabs_made++;
+    s = gsi_slab_new(cls, used_up, affinity);
     if (!s)
         return NULL;
     if (!gsi_slab_adopt(h, s))
@@ -913,6 +917,9 @@ static void heap_abandon(struct gs_heap *h)
     }
     h->keep_full = false;
     h->self_adopts = 0;
+    if (h->slabs_made >= GS_HEAP_CLAIM_AFTER)
+        gsi_segments_disown(h->id);
+    h->slabs_made = 0;
     if (h == gsi_tls_mine)
         gsi_tls_heap = gsi_tls_mine = &gsi_empty_heap;
     pthread_mutex_lock(&heap_lock);

@@ -48,6 +48,9 @@
 #define GS_SLOT_SIZE     ((size_t)1 << GS_SLOT_SHIFT)
 #define GS_SLOTS         (GS_SEGMENT_SIZE / GS_SLOT_SIZE) /* 64; slot 0 = header */
 #define GS_PAGE          4096
+/* A thread's heap claims segments of its own from its ninth new slab on
+   (segment.c, place_locked): a thread that allocates little shares them. */
+#define GS_HEAP_CLAIM_AFTER 8
 #define GS_ADDR_BITS     47                       /* x86_64 user space */
 
 /* Size classes: 16..128 by 16, then 8 classes per doubling up to 256 KiB.
@@ -236,6 +239,10 @@ struct gs_segment {
     uint64_t decommitted_slots;          /* bit i: unused, and given back
                                             (madvise) after a slab used it */
     uint64_t ready_slots;                /* bit i: part of a READY slab */
+    /* The id of the heap whose new slabs come from here first (0: none;
+       gsi_slab_new). A wholly unused segment and the segments of an
+       abandoned heap have none. */
+    uint32_t affinity;
     uint64_t dirty_since[GS_SLOTS];      /* ns timestamp when it became unused */
     struct gs_slab *slot_slab[GS_SLOTS]; /* slot -> slab metadata (first slot of a span) */
     bool fastmapped;                     /* slot_slab mirrored in gsi_fastmap */
@@ -305,6 +312,9 @@ struct gs_heap {
     struct gs_slab_list full[GS_NCLASSES];
     bool keep_full;
     uint32_t self_adopts;                      /* own released slabs adopted back */
+    /* New slabs asked for; from GS_HEAP_CLAIM_AFTER on, they come from
+       segments this heap claims (segment.c, place_locked). */
+    uint32_t slabs_made;
     unsigned poll_cls;                         /* full_poll_other's turn */
     size_t empty_bytes;                        /* empty slabs kept on partial lists */
     uint64_t decay_ns;                         /* last decay pass; 0: no medium slab yet (decay.c) */
@@ -470,6 +480,7 @@ GS_INLINE unsigned gsi_map_kind(uintptr_t a)
 void *gsi_os_map_aligned(size_t size, size_t align); /* NULL on failure */
 void gsi_os_unmap(void *p, size_t size);
 bool gsi_os_decommit(void *p, size_t size);           /* MADV_DONTNEED; false: failed (locked pages) */
+extern _Atomic size_t gsi_os_decommit_calls;         /* madvise calls it made (tests) */
 void gsi_os_populate(void *p, size_t size);           /* MADV_POPULATE_WRITE, where the kernel has it */
 size_t gsi_os_resident_bytes(void *p, size_t size); /* mincore; page-aligned p */
 /* 0, or mremap's error (errno itself is preserved). */
@@ -487,8 +498,12 @@ extern _Atomic size_t gsi_os_mapped_bytes;
 /* A formatted slab of class cls, unowned, not on any list; NULL if the OS
    refuses memory. `populate`: the caller has just used up a whole slab of
    the class, so this one will likely fill too, and slots it takes back
-   from a purge are paged in at once (objects up to a page; segment.c). */
-struct gs_slab *gsi_slab_new(unsigned cls, bool populate);
+   from a purge are paged in at once (objects up to a page; segment.c).
+   `affinity`: a heap id (0: none) whose segments the slab is placed in,
+   claiming one if it has none with room (segment.c). */
+struct gs_slab *gsi_slab_new(unsigned cls, bool populate, uint32_t affinity);
+/* A heap stops claiming segments: those it claimed are anyone's again. */
+void gsi_segments_disown(uint32_t affinity);
 /* Returns an empty slab (used == 0, no pending) to its segment. */
 void gsi_slab_retire(struct gs_slab *s);
 /* Gives committed empty slabs older than the purge delay back to the OS
@@ -509,6 +524,7 @@ void gsi_fastmap_large(const void *left, const void *joined);
 size_t gsi_segments_list(struct gs_segment **out, size_t max);
 size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */
 size_t gsi_segments_dirty_bytes(void);  /* bytes of unused slots still committed */
+size_t gsi_segments_given_back(void);   /* bytes of dirty slots decommitted so far */
 /* What dirty slots and the heaps' shared keep may hold together:
    GRACESLAB_EMPTY_CACHE_MB, or half the bytes of the slabs in use if more. */
 size_t gsi_segments_empty_budget(void);

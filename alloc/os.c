@@ -96,9 +96,12 @@ void gsi_os_unmap(void *p, size_t size)
     errno = saved;
 }
 
+_Atomic size_t gsi_os_decommit_calls;
+
 bool gsi_os_decommit(void *p, size_t size)
 {
     int saved = errno;
+    atomic_fetch_add_explicit(&gsi_os_decommit_calls, 1, memory_order_relaxed);
     bool ok = madvise(p, size, MADV_DONTNEED) == 0;
     errno = saved;
     return ok;

@@ -796,7 +796,7 @@ static void *hold_fresh(void *arg)
 {
     (void)arg;
     free(malloc(16)); /* this thread's heap */
-    struct gs_slab *s = gsi_slab_new(gsi_size_class(48), false);
+    struct gs_slab *s = gsi_slab_new(gsi_size_class(48), false, 0);
     fresh_slab = s; /* published by stop_here's lock */
     stop_here(s && s->kind == GS_SLAB_SMALL);
     if (s)

@@ -222,7 +222,7 @@ Test(segment, slots_reused)
 Test(segment, retired_slab_reused_as_is)
 {
     unsigned cls = gsi_size_class(5000), other = gsi_size_class(9000);
-    struct gs_slab *s = gsi_slab_new(cls, false);
+    struct gs_slab *s = gsi_slab_new(cls, false, 0);
     cr_assert_not_null(s);
     cr_assert_eq(gsi_slab_extend(s, 5), 5);
     char *start = s->start;
@@ -233,7 +233,7 @@ Test(segment, retired_slab_reused_as_is)
     /* Its slots map to the unused sentinel: a free into it is reported. */
     cr_assert_eq(seg->slot_slab[s - seg->slabs]->kind, GS_SLAB_UNUSED);
     cr_assert_eq(gsi_map_kind((uintptr_t)start), GS_MAP_SMALL);
-    struct gs_slab *t = gsi_slab_new(cls, false);
+    struct gs_slab *t = gsi_slab_new(cls, false, 0);
     cr_assert_eq(t, s, "READY slab not reused for its class");
     cr_assert_eq(t->kind, GS_SLAB_SMALL);
     cr_assert_eq(t->start, start);
@@ -252,7 +252,7 @@ Test(segment, retired_slab_reused_as_is)
     gsi_segments_purge(true);
     cr_assert_eq(t->kind, GS_SLAB_UNUSED, "purged slab still READY");
     cr_assert_eq(seg->ready_slots & ((uint64_t)1 << first), 0);
-    struct gs_slab *u = gsi_slab_new(cls, false);
+    struct gs_slab *u = gsi_slab_new(cls, false, 0);
     cr_assert_eq(u->bump, 0, "a purged slab's format was trusted");
     cr_assert_eq(u->free_head, GS_LINK_END);
 
@@ -264,9 +264,9 @@ Test(segment, retired_slab_reused_as_is)
     int n = 0;
     /* Other classes fill every committed run first, including READY ones. */
     while (u->kind == GS_SLAB_READY && n < 64)
-        others[n++] = gsi_slab_new(other, false);
+        others[n++] = gsi_slab_new(other, false, 0);
     cr_assert_neq(u->kind, GS_SLAB_READY, "slots of a READY slab never given to another class");
-    struct gs_slab *v = gsi_slab_new(cls, false);
+    struct gs_slab *v = gsi_slab_new(cls, false, 0);
     cr_assert(v != u || v->bump == 0, "a slab whose slots went to another class was reused");
     gsi_slab_retire(v);
     for (int i = 0; i < n; i++)
@@ -281,7 +281,7 @@ Test(segment, purge_keeps_slots_retired_after_its_clock_reading)
 {
     gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 0);
     unsigned cls = gsi_size_class(1024);
-    struct gs_slab *old = gsi_slab_new(cls, false), *young = gsi_slab_new(cls, false);
+    struct gs_slab *old = gsi_slab_new(cls, false, 0), *young = gsi_slab_new(cls, false, 0);
     cr_assert(old && young);
     struct gs_segment *so = segment_of(old), *sy = segment_of(young);
     unsigned io = (unsigned)(old - so->slabs), iy = (unsigned)(young - sy->slabs);
@@ -297,6 +297,51 @@ Test(segment, purge_keeps_slots_retired_after_its_clock_reading)
     gsi_segments_purge(false);
     cr_assert_eq(so->dirty_slots >> io & 1, 0, "a slot empty for two delays was not purged");
     cr_assert_eq(sy->dirty_slots >> iy & 1, 1, "a slot newer than the purge's clock was purged");
+}
+
+/* A purge gives back the slots of two old empty slabs in one call when
+   only free slots lie between them, but never over a young one between
+   them: its memory stays as it was (a READY slab's format lives there). */
+Test(segment, purge_spares_young_slab_between_old_ones)
+{
+    gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 0);
+    unsigned cls = gsi_size_class(1024);
+    enum { N = 12 };
+    struct gs_slab *s[N];
+    for (int i = 0; i < N; i++)
+        cr_assert_not_null(s[i] = gsi_slab_new(cls, false, 0));
+    /* Three slabs on consecutive slots of one segment. */
+    int at = -1;
+    for (int i = 0; i + 2 < N && at < 0; i++)
+        if (s[i + 1] == s[i] + 1 && s[i + 2] == s[i] + 2)
+            at = i;
+    cr_assert_geq(at, 0, "no three new slabs on consecutive slots");
+    struct gs_slab *a = s[at], *b = s[at + 1], *c = s[at + 2];
+    struct gs_segment *seg = segment_of(a->start);
+    unsigned ia = (unsigned)(a - seg->slabs), ib = ia + 1, ic = ia + 2;
+    cr_assert_eq(gsi_slab_extend(b, 3), 3);
+    memset(b->start, 0x5a, GS_SLOT_SIZE);
+    size_t calls = gsi_os_decommit_calls;
+    gsi_slab_retire(a);
+    gsi_slab_retire(c);
+    gsi_slab_retire(b);
+    cr_assert_eq(b->kind, GS_SLAB_READY);
+    uint64_t delay = (uint64_t)gsi_option(GSI_OPT_PURGE_DELAY_MS) * 1000000u;
+    gsi_segments_lock();
+    seg->dirty_since[ia] -= 2 * delay;
+    seg->dirty_since[ic] -= 2 * delay;
+    gsi_segments_unlock();
+    gsi_segments_purge(false);
+    cr_assert_eq(seg->dirty_slots >> ia & 1, 0, "an old slot was not purged");
+    cr_assert_eq(seg->dirty_slots >> ic & 1, 0, "an old slot was not purged");
+    cr_assert_eq(seg->dirty_slots >> ib & 1, 1, "the young slot was purged");
+    cr_assert_eq(b->kind, GS_SLAB_READY, "the young slab left the ready list");
+    for (size_t k = 0; k < GS_SLOT_SIZE; k += 509)
+        cr_assert_eq(b->start[k], 0x5a, "the young slab's memory was given back (byte %zu)", k);
+    cr_assert_geq(gsi_os_decommit_calls - calls, 2, "one call spanned the young slab");
+    for (int i = 0; i < N; i++)
+        if (s[i] != a && s[i] != b && s[i] != c)
+            gsi_slab_retire(s[i]);
 }
 
 /* Does this kernel page a range in on request (Linux 5.14 and later)? */
@@ -318,7 +363,7 @@ static size_t resident_after_reuse(unsigned cls, bool populate)
     enum { N = 16, MAX_SEGS = 64 };
     struct gs_slab *s[N];
     for (int i = 0; i < N; i++) {
-        s[i] = gsi_slab_new(cls, false);
+        s[i] = gsi_slab_new(cls, false, 0);
         cr_assert_not_null(s[i]);
     }
     for (int i = 0; i < N - 1; i++)
@@ -331,7 +376,7 @@ static size_t resident_after_reuse(unsigned cls, bool populate)
     for (size_t j = 0; j < nsegs; j++)
         given_back[j] = segs[j]->decommitted_slots;
     for (int tries = 0; tries < 256; tries++) {
-        struct gs_slab *t = gsi_slab_new(cls, populate);
+        struct gs_slab *t = gsi_slab_new(cls, populate, 0);
         cr_assert_not_null(t);
         struct gs_segment *seg = segment_of(t->start);
         unsigned first = (unsigned)(t - seg->slabs);
@@ -439,4 +484,92 @@ Test(segment, first_slabs_of_threads_are_not_paged_in)
     cr_assert_lt(grew, (size_t)12 << 20, "RSS grew by %zu KiB for %u blocks", grew >> 10,
                  one_each_n * ONE_EACH_THREADS);
     free(v);
+}
+
+/* Threads that allocate side by side, then free everything in a random
+   order, one thread after the other. Past its first few slabs each thread's slabs lie in segments of
+   its own, so what one thread frees goes back to the OS in runs of
+   slots, not in one madvise per 64 KiB slot between slabs that other
+   threads still use (perl's interpreter threads made 2,300 such calls
+   as they were torn down). */
+enum { RUN_THREADS = 4, RUN_ROUNDS = 384, RUN_PER_ROUND = 32, RUN_SIZE = 2000 };
+static void *run_blocks[RUN_THREADS][RUN_ROUNDS * RUN_PER_ROUND];
+static pthread_barrier_t run_barrier;
+
+static void *run_thread(void *arg)
+{
+    unsigned t = (unsigned)(uintptr_t)arg;
+    void **b = run_blocks[t];
+    enum { N = RUN_ROUNDS * RUN_PER_ROUND };
+    for (int r = 0; r < RUN_ROUNDS; r++) {
+        for (int i = 0; i < RUN_PER_ROUND; i++) {
+            char *p = malloc(RUN_SIZE);
+            if (!p)
+                abort(); /* threads cannot cr_assert: the crash is the failure */
+            p[0] = 1;
+            b[r * RUN_PER_ROUND + i] = p;
+        }
+        pthread_barrier_wait(&run_barrier); /* the threads' slabs interleave in time */
+    }
+    pthread_barrier_wait(&run_barrier); /* main checks the placement */
+    pthread_barrier_wait(&run_barrier); /* main reads the counters */
+    uint64_t rng = 12345 + t;
+    for (int i = N - 1; i > 0; i--) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((rng >> 33) % (uint64_t)(i + 1));
+        void *x = b[i];
+        b[i] = b[j];
+        b[j] = x;
+    }
+    /* One thread after the other, as programs join their workers. */
+    for (unsigned turn = 0; turn < RUN_THREADS; turn++) {
+        if (turn == t)
+            for (int i = 0; i < N; i++)
+                free(b[i]);
+        pthread_barrier_wait(&run_barrier);
+    }
+    return NULL;
+}
+
+Test(segment, threads_free_in_runs)
+{
+    gsi_option_set(GSI_OPT_PURGE_DELAY_MS, 600000); /* only the budget decommits */
+    gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 0);         /* every emptied slab retires */
+    pthread_barrier_init(&run_barrier, NULL, RUN_THREADS + 1);
+    pthread_t th[RUN_THREADS];
+    for (uintptr_t t = 0; t < RUN_THREADS; t++)
+        cr_assert_eq(pthread_create(&th[t], NULL, run_thread, (void *)t), 0);
+    for (int r = 0; r < RUN_ROUNDS; r++)
+        pthread_barrier_wait(&run_barrier);
+    /* Placement: blocks after a thread's first 8 slabs (a round is about
+       one slab's worth; those first ones are in shared segments) share no
+       segment with another thread's. */
+    size_t shared = 0;
+    enum { FROM = 10 * RUN_PER_ROUND };
+    for (int t = 0; t < RUN_THREADS; t++)
+        for (int i = FROM; i < RUN_ROUNDS * RUN_PER_ROUND; i += 16) {
+            struct gs_segment *seg = segment_of(run_blocks[t][i]);
+            for (int u = t + 1; u < RUN_THREADS; u++)
+                for (int k = FROM; k < RUN_ROUNDS * RUN_PER_ROUND; k += 16)
+                    if (segment_of(run_blocks[u][k]) == seg) {
+                        shared++;
+                        break;
+                    }
+        }
+    pthread_barrier_wait(&run_barrier);
+    size_t calls0 = gsi_os_decommit_calls, bytes0 = gsi_segments_given_back();
+    pthread_barrier_wait(&run_barrier);
+    for (int turn = 0; turn < RUN_THREADS; turn++)
+        pthread_barrier_wait(&run_barrier);
+    for (int t = 0; t < RUN_THREADS; t++)
+        pthread_join(th[t], NULL);
+    size_t calls = gsi_os_decommit_calls - calls0, bytes = gsi_segments_given_back() - bytes0;
+    cr_log_info("%zu blocks in another thread's segment; %zu madvise calls for %zu KiB "
+                "(%.1f slots a call)",
+                shared, calls, bytes >> 10, calls ? (double)bytes / GS_SLOT_SIZE / calls : 0.0);
+    cr_assert_eq(shared, 0, "%zu sampled blocks share a segment with another thread's", shared);
+    /* About 98 MB freed against a 32 MiB budget. */
+    cr_assert_geq(bytes, (size_t)48 << 20, "only %zu KiB given back", bytes >> 10);
+    cr_assert_geq(bytes, calls * 16 * GS_SLOT_SIZE,
+                  "%zu madvise calls for %zu KiB: fewer than 16 slots a call", calls, bytes >> 10);
 }
