@@ -593,3 +593,71 @@ Test(segment, threads_free_in_runs)
     cr_assert_geq(bytes, calls * 16 * GS_SLOT_SIZE,
                   "%zu madvise calls for %zu KiB: fewer than 16 slots a call", calls, bytes >> 10);
 }
+
+/* A heap placing its slabs in segments of its own still takes committed
+   slots of other heaps' segments before faulting pages in: threads that
+   take turns at jobs of classes of their own otherwise faulted every job
+   in afresh while the previous one's memory, committed in segments its
+   idle thread still claimed, waited for the purge (three times the page
+   faults and CPU time; the review's reproducer). */
+enum { TURN_A_BYTES = 24 << 20, TURN_B_BYTES = 12 << 20, TURN_KEEP = 640 };
+static void *turn_a[TURN_A_BYTES / 1000];
+static pthread_barrier_t turn_barrier;
+
+static void *turn_thread_a(void *arg)
+{
+    (void)arg;
+    size_t n = sizeof turn_a / sizeof *turn_a;
+    for (size_t i = 0; i < n; i++)
+        if (!(turn_a[i] = malloc(1000)))
+            abort();
+    /* Everything freed but one block in TURN_KEEP: the segments stay this
+       heap's, their other slots empty and committed. */
+    for (size_t i = 0; i < n; i++)
+        if (i % TURN_KEEP)
+            free(turn_a[i]);
+    pthread_barrier_wait(&turn_barrier); /* idle while B allocates */
+    pthread_barrier_wait(&turn_barrier);
+    for (size_t i = 0; i < n; i += TURN_KEEP)
+        free(turn_a[i]);
+    return NULL;
+}
+
+Test(segment, claimed_heap_takes_committed_slots_first)
+{
+    gsi_option_set(GSI_OPT_PURGE_DELAY_MS, 600000); /* nothing ages out */
+    gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 0);         /* emptied slabs go to the segments */
+    pthread_barrier_init(&turn_barrier, NULL, 2);
+    pthread_t a;
+    cr_assert_eq(pthread_create(&a, NULL, turn_thread_a, NULL), 0);
+    pthread_barrier_wait(&turn_barrier);
+    size_t committed_before = gsi_segments_dirty_bytes();
+    /* This thread (its heap claims segments past its first slabs) takes
+       blocks of another class. */
+    enum { NB = TURN_B_BYTES / 1500 };
+    static void *b[NB];
+    size_t in_a = 0, counted = 0;
+    for (size_t i = 0; i < NB; i++)
+        cr_assert_not_null(b[i] = malloc(1500));
+    for (size_t i = NB / 4; i < NB; i += 8) {
+        struct gs_segment *seg = segment_of(b[i]);
+        counted++;
+        for (size_t k = 0; k < sizeof turn_a / sizeof *turn_a; k += TURN_KEEP)
+            if (segment_of(turn_a[k]) == seg) {
+                in_a++;
+                break;
+            }
+    }
+    size_t committed_after = gsi_segments_dirty_bytes();
+    cr_log_info("%zu of %zu sampled blocks in the other heap's segments; committed empty "
+                "slots %zu -> %zu KiB",
+                in_a, counted, committed_before >> 10, committed_after >> 10);
+    cr_assert_geq(committed_before, (size_t)16 << 20, "only %zu KiB left committed",
+                  committed_before >> 10);
+    cr_assert_geq(in_a * 10, counted * 9, "only %zu of %zu blocks took committed slots",
+                  in_a, counted);
+    pthread_barrier_wait(&turn_barrier);
+    pthread_join(a, NULL);
+    for (size_t i = 0; i < NB; i++)
+        free(b[i]);
+}
