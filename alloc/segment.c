@@ -27,9 +27,14 @@
  * the list first (unready_locked), so a READY slab's memory is always
  * intact.
  *
+ * Placement: past its first slabs, a thread's heap takes slots in
+ * segments it claims (place_locked), so that what one thread frees lies
+ * together and the trim gives it back in runs (trim_locked).
+ *
  * Locking: segment_lock protects the segment list and every segment's
- * free_slots, dirty_slots, decommitted_slots, dirty_since and slot_slab; a slab's kind is
- * written under it. It is taken on slab creation and retirement only.
+ * free_slots, dirty_slots, decommitted_slots, dirty_since, affinity and
+ * slot_slab; a slab's kind is written under it. It is taken on slab
+ * creation and retirement, and when a heap is abandoned (disown).
  */
 #include "alloc/internal.h"
 
@@ -369,16 +374,18 @@ size_t gsi_segments_empty_budget(void)
     return half > option ? half : option;
 }
 
-/* Decommits dirty slots, a whole segment's worth at a time, until the
+/* Decommits dirty slots, one run of free slots at a time, until the
    dirty bytes and the heaps' shared keep fit the budget: the budget falls
    as the program frees, and what it allowed earlier must not stay
    committed (a program that frees 512 MiB must see its RSS fall within
-   the purge delay even if it makes no further call). The segment with the
-   most dirty slots goes first, so each madvise covers as long a run as
-   the program's frees left: decommitting each slab as it went over the
-   budget, or the segments in list order, made one call per 64 KiB slot
-   when threads free their slabs in a random order (perl's interpreter
-   teardown: 2,300 calls against 250). */
+   the purge delay even if it makes no further call). The run holding the
+   most dirty slots goes first, in one madvise over the free slots between
+   them (decommit_bridged_locked), so each call covers as much as the
+   program's frees left together: decommitting each slab as it went over
+   the budget, then whole segments' dirty slots in list order, made one
+   call per 64 KiB slot when threads free their slabs in a random order
+   (perl's interpreter teardowns: 2,300 calls; about 370 with this and
+   the placement in place_locked). */
 static void trim_locked(void)
 {
     size_t budget = gsi_segments_empty_budget();
