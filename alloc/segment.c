@@ -397,10 +397,11 @@ static void trim_locked(void)
             for (uint64_t runs = seg->dirty_slots ? seg->free_slots : 0; runs;) {
                 unsigned first, n = take_run(&runs, &first);
                 uint64_t dirty = seg->dirty_slots & run_mask(first, n);
-                if (__builtin_popcountll(dirty) > best_n) {
+                int count = __builtin_popcountll(dirty);
+                if (count > best_n) {
                     best = seg;
                     best_mask = dirty;
-                    best_n = __builtin_popcountll(dirty);
+                    best_n = count;
                 }
             }
         if (!best)
@@ -457,21 +458,21 @@ static struct gs_slab *reuse_ready_locked(struct gs_slab *s)
 
 /* The segment and first slot of a free run of span slots, in the segments
    whose affinity is `affinity` (ANY_SEGMENT: every segment), or NULL.
-   Committed (dirty) slots first: no page faults, less RSS; among them
-   those no READY slab of another class waits on. Passes 0 and 1 take
-   committed slots only, pass 2 any free ones. */
+   Passes from..to of: committed (dirty) slots no READY slab of another
+   class waits on, committed slots, any free slots. Committed first: no
+   page faults, less RSS. */
 #define ANY_SEGMENT UINT32_MAX
-enum { COMMITTED_ONLY = 1, ANY_FREE = 2 };
-static struct gs_segment *find_slots_locked(unsigned span, uint32_t affinity, int last_pass,
+enum { DIRTY_NOT_READY, DIRTY, ANY_FREE };
+static struct gs_segment *find_slots_locked(unsigned span, uint32_t affinity, int from, int to,
                                             int *first)
 {
-    for (int pass = 0; pass <= last_pass; pass++) {
+    for (int pass = from; pass <= to; pass++) {
         for (struct gs_segment *seg = segment_list; seg; seg = seg->next) {
             if (affinity != ANY_SEGMENT && seg->affinity != affinity)
                 continue;
-            uint64_t avail = pass == 0   ? seg->dirty_slots & ~seg->ready_slots
-                             : pass == 1 ? seg->dirty_slots
-                                         : seg->free_slots;
+            uint64_t avail = pass == DIRTY_NOT_READY ? seg->dirty_slots & ~seg->ready_slots
+                             : pass == DIRTY         ? seg->dirty_slots
+                                                     : seg->free_slots;
             if (avail && (*first = find_run(avail, span)) >= 0)
                 return seg;
         }
@@ -500,15 +501,17 @@ static struct gs_segment *find_slots_locked(unsigned span, uint32_t affinity, in
 static struct gs_segment *place_locked(unsigned span, uint32_t affinity, int *first)
 {
     struct gs_segment *seg = NULL;
-    if (affinity && ((seg = find_slots_locked(span, affinity, COMMITTED_ONLY, first)) ||
-                     (seg = find_slots_locked(span, ANY_SEGMENT, COMMITTED_ONLY, first)) ||
-                     (seg = find_slots_locked(span, affinity, ANY_FREE, first))))
+    if (affinity && ((seg = find_slots_locked(span, affinity, DIRTY_NOT_READY, DIRTY, first)) ||
+                     (seg = find_slots_locked(span, ANY_SEGMENT, DIRTY_NOT_READY, DIRTY, first)) ||
+                     (seg = find_slots_locked(span, affinity, ANY_FREE, ANY_FREE, first))))
         return seg;
-    if ((seg = find_slots_locked(span, 0, ANY_FREE, first))) {
+    if ((seg = find_slots_locked(span, 0, affinity ? ANY_FREE : DIRTY_NOT_READY, ANY_FREE,
+                                 first))) {
         seg->affinity = affinity;
         return seg;
     }
-    if (!affinity && (seg = find_slots_locked(span, ANY_SEGMENT, ANY_FREE, first)))
+    if (!affinity &&
+        (seg = find_slots_locked(span, ANY_SEGMENT, DIRTY_NOT_READY, ANY_FREE, first)))
         return seg;
     if ((seg = segment_new_locked())) {
         seg->affinity = affinity;
@@ -516,7 +519,7 @@ static struct gs_segment *place_locked(unsigned span, uint32_t affinity, int *fi
         return seg;
     }
     /* No memory for a segment: a free run anywhere will do. */
-    return find_slots_locked(span, ANY_SEGMENT, ANY_FREE, first);
+    return find_slots_locked(span, ANY_SEGMENT, DIRTY_NOT_READY, ANY_FREE, first);
 }
 
 void gsi_segments_disown(uint32_t affinity)

@@ -535,8 +535,7 @@ static void *run_thread(void *arg)
     pthread_barrier_wait(&run_barrier); /* main reads the counters */
     uint64_t rng = 12345 + t;
     for (int i = N - 1; i > 0; i--) {
-        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-        int j = (int)((rng >> 33) % (uint64_t)(i + 1));
+        int j = (int)(gst_rand(&rng) % (uint64_t)(i + 1));
         void *x = b[i];
         b[i] = b[j];
         b[j] = x;
