@@ -234,6 +234,13 @@ enum gs_slab_where { GS_IN_NONE = 0, GS_IN_ACTIVE, GS_IN_PARTIAL, GS_IN_WAITING,
 struct gs_segment {
     uint64_t magic;                      /* GS_SEGMENT_MAGIC */
     struct gs_segment *next, *prev;      /* all segments (segment_lock) */
+    /* On the list of segments whose longest run of free slots is
+       open_run slots (0: on none), and on the list of segments with dirty
+       slots (segment_lock; segment.c, "room lists"). */
+    struct gs_segment *open_next, *open_prev, *dirty_next, *dirty_prev;
+    uint64_t seq; /* creation number: a newer segment has a larger one */
+    uint8_t open_run;
+    bool on_dirty_list;
     uint64_t free_slots;                 /* bit i: slot i unused */
     uint64_t dirty_slots;                /* bit i: unused but committed */
     uint64_t decommitted_slots;          /* bit i: unused, and given back
@@ -522,6 +529,11 @@ size_t gsi_segments_count(void);
 void gsi_fastmap_large(const void *left, const void *joined);
 /* Copies up to max live segments to out (tests); returns how many live. */
 size_t gsi_segments_list(struct gs_segment **out, size_t max);
+/* Tests: the number of segments on the open lists whose longest run of
+   free slots is min_run or more, or -1 unless those lists hold exactly
+   the segments with a free slot, each on the list of its longest run,
+   and the dirty list exactly those with a dirty slot, newest first. */
+long gsi_segments_open_check(unsigned min_run);
 size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */
 size_t gsi_segments_dirty_bytes(void);  /* bytes of unused slots still committed */
 size_t gsi_segments_given_back(void);   /* bytes of dirty slots decommitted so far */

@@ -660,3 +660,106 @@ Test(segment, claimed_heap_takes_committed_slots_first)
     for (size_t i = 0; i < NB; i++)
         free(b[i]);
 }
+
+/* The open lists, which placement, the trim and the purge walk instead of
+   every segment, hold exactly the segments with a free slot, each on the
+   list of its longest run of free slots: after growth, only the segments
+   being filled have room for the largest slab, however many are full;
+   after frees that empty slabs here and there, every segment that got a
+   free slot is listed; refilling them takes some off. */
+enum { OPEN_THREADS = 3, OPEN_MAX = 40000, OPEN_GROUPS = 64 };
+/* The third thread's class spans 4 slots: its full segments keep a
+   leftover run of 3 free slots. */
+static const size_t open_size[OPEN_THREADS] = {700, 1000, 24000};
+static const int open_count[OPEN_THREADS] = {40000, 40000, 2000};
+static void *open_blocks[OPEN_THREADS][OPEN_MAX];
+static pthread_barrier_t open_barrier;
+
+static void open_fill(unsigned t, int from, int to)
+{
+    for (int i = from; i < to; i++) {
+        char *p = malloc(open_size[t]);
+        if (!p)
+            abort(); /* threads cannot cr_assert: the crash is the failure */
+        p[0] = 1;
+        open_blocks[t][i] = p;
+    }
+}
+
+static void *open_thread(void *arg)
+{
+    unsigned t = (unsigned)(uintptr_t)arg;
+    int group = open_count[t] / OPEN_GROUPS;
+    open_fill(t, 0, open_count[t]);
+    pthread_barrier_wait(&open_barrier); /* main checks after growth, */
+    pthread_barrier_wait(&open_barrier); /* and lets the threads go on */
+    /* Every other group of blocks allocated together, in a random order of
+       groups: their slabs empty across all the segments. */
+    uint64_t rng = 777 + t;
+    int order[OPEN_GROUPS];
+    for (int g = 0; g < OPEN_GROUPS; g++)
+        order[g] = g;
+    for (int g = OPEN_GROUPS - 1; g > 0; g--) {
+        int j = (int)(gst_rand(&rng) % (uint64_t)(g + 1)), x = order[g];
+        order[g] = order[j];
+        order[j] = x;
+    }
+    for (int g = 0; g < OPEN_GROUPS; g++)
+        if (order[g] % 2)
+            for (int i = order[g] * group; i < (order[g] + 1) * group; i++)
+                free(open_blocks[t][i]);
+    pthread_barrier_wait(&open_barrier); /* main checks after the frees */
+    pthread_barrier_wait(&open_barrier);
+    for (int g = 1; g < OPEN_GROUPS; g += 2) /* the freed groups again */
+        open_fill(t, g * group, (g + 1) * group);
+    pthread_barrier_wait(&open_barrier); /* main checks after the refill */
+    pthread_barrier_wait(&open_barrier);
+    for (int i = 0; i < open_count[t]; i++)
+        free(open_blocks[t][i]);
+    return NULL;
+}
+
+Test(segment, open_lists_hold_segments_with_free_slots)
+{
+    gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 0); /* emptied slabs go back to the segments */
+    gsi_option_set(GSI_OPT_PURGE_DELAY_MS, 600000);
+    unsigned largest = 0; /* the largest span: room for any slab */
+    for (unsigned c = 0; c < GS_NCLASSES; c++)
+        largest = gsi_classes[c].span > largest ? gsi_classes[c].span : largest;
+    pthread_barrier_init(&open_barrier, NULL, OPEN_THREADS + 1);
+    pthread_t th[OPEN_THREADS];
+    for (uintptr_t t = 0; t < OPEN_THREADS; t++)
+        cr_assert_eq(pthread_create(&th[t], NULL, open_thread, (void *)t), 0);
+    pthread_barrier_wait(&open_barrier);
+    long grown = gsi_segments_open_check(largest), grown_any = gsi_segments_open_check(1);
+    size_t segments = gsi_segments_count();
+    pthread_barrier_wait(&open_barrier);
+    pthread_barrier_wait(&open_barrier);
+    long freed = gsi_segments_open_check(1);
+    pthread_barrier_wait(&open_barrier);
+    pthread_barrier_wait(&open_barrier);
+    long refilled = gsi_segments_open_check(1);
+    pthread_barrier_wait(&open_barrier);
+    for (int t = 0; t < OPEN_THREADS; t++)
+        pthread_join(th[t], NULL);
+    long emptied = gsi_segments_open_check(1);
+    size_t emptied_segments = gsi_segments_count();
+    gsi_segments_purge(true);
+    long purged = gsi_segments_open_check(1);
+    cr_log_info("%zu segments; open: %ld after growth (%ld with room for a %u-slot slab), "
+                "%ld after the frees, %ld refilled, %ld emptied, %ld purged",
+                segments, grown_any, grown, largest, freed, refilled, emptied, purged);
+    cr_assert_geq(segments, 24, "only %zu segments", segments);
+    cr_assert(grown >= 0 && grown_any >= 0 && freed >= 0 && refilled >= 0 && emptied >= 0 &&
+                  purged >= 0,
+              "the open lists are not the segments with a free slot (-1: %ld %ld %ld %ld %ld %ld)",
+              grown, grown_any, freed, refilled, emptied, purged);
+    /* Each thread's heap fills one claimed segment at a time; the first,
+       shared segment holds its first slabs. */
+    cr_assert_leq(grown, OPEN_THREADS + 1, "%ld of %zu segments have room after growth", grown,
+                  segments);
+    cr_assert_geq(freed, (long)segments / 2, "only %ld segments got a free slot", freed);
+    cr_assert_lt(refilled, freed, "refilling took no segment off the open lists");
+    cr_assert_eq(emptied, (long)emptied_segments, "%ld open of %zu with the blocks freed",
+                 emptied, emptied_segments);
+}
