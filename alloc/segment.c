@@ -10,12 +10,14 @@
  * dirty slabs are kept, so freeing a large heap gives memory back at once,
  * with no timer. The budget is GRACESLAB_EMPTY_CACHE_MB or half the bytes
  * of the slabs in use, whichever is larger (gsi_segments_empty_budget).
- * Segments left with no used slot are unmapped, keeping one spare. Slots
- * given back after a slab used them are remembered (decommitted_slots):
- * a new slab of objects up to a page that takes them pages them in with
- * one madvise(MADV_POPULATE_WRITE) call instead of a fault per page (on
- * bench/random with 100,000-block batches, which outgrow the budget every
- * batch: 0.42 M pairs/s against 0.36 M, 7 interleaved runs each).
+ * Segments left with no used slot are unmapped, keeping one spare. A new
+ * slab of objects up to a page, for a heap that has just used up one of
+ * the class, has the slots it takes without pages (never used, or given
+ * back) paged in with one madvise(MADV_POPULATE_WRITE) call instead of a
+ * fault per page (bench/random with 100,000-block batches, which outgrow
+ * the budget every batch: 0.42 M pairs/s against 0.36 M, 7 interleaved
+ * runs each, when given-back slots were first paged in; see gsi_slab_new
+ * for fresh ones).
  *
  * Reuse: a retired slab whose slots stay committed keeps its format — its
  * link array holds every object on the local list — and waits on its
@@ -677,19 +679,23 @@ struct gs_slab *gsi_slab_new(unsigned cls, bool populate, uint32_t affinity)
     }
     uint64_t mask = run_mask((unsigned)first, span);
     unready_locked(found, mask);
-    /* Slots a slab used before and the cap or a purge gave back: paged in
-       below in one call when the caller's demand says this slab will be
-       used through (it just used up one of the class). Not otherwise: a
-       thread's first slab of a class may hold one object for good (16
-       threads taking one object of each class up to 4 KiB on such slots
-       added 31 MiB of RSS when every new slab was paged in, 3.7 MiB
-       without). Never slots no slab used (faulting them costs the same),
-       nor objects above a page (a program may leave most pages of a big
-       block untouched: paging them in would raise its RSS, not only save
-       faults). */
-    uint64_t repopulate = populate && gsi_classes[cls].size <= GS_PAGE
-                              ? found->decommitted_slots & mask
-                              : 0;
+    /* Slots without pages (never used, or given back by the cap or a
+       purge): paged in below in one call when the caller's demand says
+       this slab will be used through (it just used up one of the class).
+       A fault per page costs more: on this project's VM, 1 GiB paged in
+       by touching each page took 4.2 to 4.4 s, in 64 KiB madvise calls
+       2.2 to 3.2 s; bench/bigheap built 2 GiB of 1 KiB blocks in 3.2 to
+       4.3 s against 6.9 to 7.7 when only given-back slots were paged in,
+       and perl's workload ran in 2.09 s of CPU against 2.58 (5 runs each,
+       same peak RSS). Not without that demand: a thread's first slab of a
+       class may hold one object for good (16 threads taking one object of
+       each class up to 4 KiB added 31 MiB of RSS when every new slab was
+       paged in, 3.7 MiB without). Nor for objects above a page (a program
+       may leave most pages of a big block untouched: paging them in would
+       raise its RSS, not only save faults). Dirty slots have their pages. */
+    uint64_t page_in = populate && gsi_classes[cls].size <= GS_PAGE
+                           ? mask & ~found->dirty_slots
+                           : 0;
     found->decommitted_slots &= ~mask;
     size_t dirty = (size_t)__builtin_popcountll(found->dirty_slots & mask);
     __atomic_store_n(&dirty_bytes, dirty_bytes - dirty * GS_SLOT_SIZE, __ATOMIC_RELAXED);
@@ -710,8 +716,8 @@ struct gs_slab *gsi_slab_new(unsigned cls, bool populate, uint32_t affinity)
     /* Outside the lock: nobody else reaches these slots until the caller
        hands the slab out (a purge takes only free slots, and a sweep skips
        a slab with nothing pending or remote). */
-    while (repopulate) {
-        unsigned at, n = take_run(&repopulate, &at);
+    while (page_in) {
+        unsigned at, n = take_run(&page_in, &at);
         gsi_os_populate((char *)found + (size_t)at * GS_SLOT_SIZE, (size_t)n * GS_SLOT_SIZE);
     }
     return s;

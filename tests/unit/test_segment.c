@@ -410,6 +410,25 @@ static size_t resident_after_reuse(unsigned cls, bool populate)
     return 0;
 }
 
+/* The three sides of paging a new slab in, on slots `resident` finds for
+   it: fully resident for a 64-byte class with demand, less than half
+   without demand or for a 9000-byte class. */
+static void check_paging_in(size_t (*resident)(unsigned cls, bool populate))
+{
+    if (!kernel_populates())
+        cr_skip_test("the kernel has no MADV_POPULATE_WRITE (before Linux 5.14)");
+    unsigned small = gsi_size_class(64), big = gsi_size_class(9000);
+    size_t small_span = (size_t)gsi_classes[small].span * GS_SLOT_SIZE;
+    size_t big_span = (size_t)gsi_classes[big].span * GS_SLOT_SIZE;
+    size_t r = resident(small, true);
+    cr_assert_eq(r, small_span, "64-byte class: %zu of %zu bytes resident", r, small_span);
+    r = resident(small, false);
+    cr_assert_lt(r, small_span / 2, "64-byte class, no demand: %zu of %zu bytes resident", r,
+                 small_span);
+    r = resident(big, true);
+    cr_assert_lt(r, big_span / 2, "9000-byte class: %zu of %zu bytes resident", r, big_span);
+}
+
 /* A slab that takes back slots a purge gave back, for a caller that has
    just used up a slab of the class, has them paged in at once (one madvise
    call instead of a fault per page) when its objects are at most a page;
@@ -417,18 +436,40 @@ static size_t resident_after_reuse(unsigned cls, bool populate)
    block untouched), nor a caller without that demand. */
 Test(segment, reused_decommitted_slots_are_paged_in)
 {
-    if (!kernel_populates())
-        cr_skip_test("the kernel has no MADV_POPULATE_WRITE (before Linux 5.14)");
-    unsigned small = gsi_size_class(64), big = gsi_size_class(9000);
-    size_t small_span = (size_t)gsi_classes[small].span * GS_SLOT_SIZE;
-    size_t big_span = (size_t)gsi_classes[big].span * GS_SLOT_SIZE;
-    size_t r = resident_after_reuse(small, true);
-    cr_assert_eq(r, small_span, "64-byte class: %zu of %zu bytes resident", r, small_span);
-    r = resident_after_reuse(small, false);
-    cr_assert_lt(r, small_span / 2, "64-byte class, no demand: %zu of %zu bytes resident", r,
-                 small_span);
-    r = resident_after_reuse(big, true);
-    cr_assert_lt(r, big_span / 2, "9000-byte class: %zu of %zu bytes resident", r, big_span);
+    check_paging_in(resident_after_reuse);
+}
+
+/* Takes new slabs of cls (asking for paging-in or not) until one lands in
+   a segment mapped for it, on slots no slab used; returns how many of that
+   slab's bytes are resident at once. Retires the slabs it took. */
+static size_t resident_on_fresh_slots(unsigned cls, bool populate)
+{
+    enum { MAX = 256 };
+    static struct gs_slab *taken[MAX];
+    size_t n = 0, resident = SIZE_MAX;
+    while (resident == SIZE_MAX && n < MAX) {
+        size_t segments = gsi_segments_count();
+        struct gs_slab *t = gsi_slab_new(cls, populate, 0);
+        cr_assert_not_null(t);
+        taken[n++] = t;
+        if (gsi_segments_count() > segments) {
+            struct gs_segment *seg = segment_of(t->start);
+            unsigned first = (unsigned)(t - seg->slabs);
+            resident = gsi_os_resident_bytes((char *)seg + (size_t)first * GS_SLOT_SIZE,
+                                             (size_t)t->span * GS_SLOT_SIZE);
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        gsi_slab_retire(taken[i]);
+    cr_assert_neq(resident, SIZE_MAX, "no new slab of class %u in a new segment", cls);
+    return resident;
+}
+
+/* Slots no slab used are paged in the same way, under the same rule: a
+   fault per page costs more than one madvise call (docs/design.md). */
+Test(segment, fresh_slots_are_paged_in_on_demand)
+{
+    check_paging_in(resident_on_fresh_slots);
 }
 
 /* The same, end to end (a reviewer's case, twentieth session): after a
