@@ -10,6 +10,7 @@
 
 #include <malloc.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -156,6 +157,49 @@ Test(segment, purge_counts_unmapped_segments)
                  gsi_segments_count(), segments);
     cr_assert_geq(given, mapped - st.mapped_bytes, "purge reported %zu bytes, unmapped %zu",
                   given, mapped - st.mapped_bytes);
+}
+
+/* Segments with every slot unused: all of them, or only those with no
+   committed slot (clean). */
+static size_t wholly_free(bool clean)
+{
+    enum { MAX = 1024 };
+    static struct gs_segment *segs[MAX];
+    size_t n = gsi_segments_list(segs, MAX), w = 0;
+    cr_assert_leq(n, MAX);
+    gsi_segments_lock();
+    for (size_t i = 0; i < n; i++)
+        w += segs[i]->free_slots == ~(uint64_t)1 && (!clean || !segs[i]->dirty_slots);
+    gsi_segments_unlock();
+    return w;
+}
+
+/* A purge that is not forced unmaps every wholly unused segment with no
+   committed slot but one, kept as a spare, and leaves those whose slots
+   are too young to give back (a review of the room lists found this path
+   untested: unmapping none passed every other test). */
+Test(segment, purge_keeps_one_spare_segment)
+{
+    gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 0);
+    gsi_option_set(GSI_OPT_EMPTY_CACHE_MB, 0); /* retired slots are decommitted at once */
+    gsi_option_set(GSI_OPT_PURGE_DELAY_MS, 100000);
+    enum { N = 63 * 5 };
+    static struct gs_slab *s[N];
+    unsigned cls = gsi_size_class(1024);
+    for (int i = 0; i < N; i++)
+        cr_assert_not_null(s[i] = gsi_slab_new(cls, false, 7));
+    for (int i = 0; i < N; i++)
+        gsi_slab_retire(s[i]);
+    size_t before = wholly_free(false), clean = wholly_free(true);
+    gsi_segments_purge(false);
+    size_t after = wholly_free(false), after_clean = wholly_free(true);
+    cr_log_info("wholly unused segments: %zu (%zu clean) before the purge, %zu (%zu) after",
+                before, clean, after, after_clean);
+    cr_assert_geq(clean, 3, "only %zu clean wholly unused segments to purge", clean);
+    cr_assert_eq(after_clean, 1, "%zu clean wholly unused segments left (one spare)",
+                 after_clean);
+    cr_assert_eq(after, before - clean + 1, "%zu wholly unused segments left of %zu", after,
+                 before);
 }
 
 /* The empty-slab budget is GRACESLAB_EMPTY_CACHE_MB or half the slabs in
@@ -365,6 +409,21 @@ Test(segment, purge_spares_young_slab_between_old_ones)
 }
 
 /* Does this kernel page a range in on request (Linux 5.14 and later)? */
+/* Transparent huge pages set to "always": a write anywhere in a 2 MiB
+   range of a new segment may page in all of it, so which 64 KiB slots a
+   slab had paged in cannot be seen (a review reproduced that failure). */
+static bool huge_pages_always(void)
+{
+    char buf[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f) {
+        if (!fgets(buf, sizeof buf, f))
+            buf[0] = 0;
+        fclose(f);
+    }
+    return strstr(buf, "[always]") != NULL;
+}
+
 static bool kernel_populates(void)
 {
     char *p = mmap(NULL, GS_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -469,6 +528,8 @@ static size_t resident_on_fresh_slots(unsigned cls, bool populate)
    fault per page costs more than one madvise call (docs/design.md). */
 Test(segment, fresh_slots_are_paged_in_on_demand)
 {
+    if (huge_pages_always())
+        cr_skip_test("transparent huge pages are \"always\" here: new segments fault in 2 MiB");
     check_paging_in(resident_on_fresh_slots);
 }
 
@@ -501,6 +562,8 @@ static void *take_one_each(void *arg)
 
 Test(segment, first_slabs_of_threads_are_not_paged_in)
 {
+    if (huge_pages_always())
+        cr_skip_test("transparent huge pages are \"always\" here: new segments fault in 2 MiB");
     if (!kernel_populates())
         cr_skip_test("the kernel has no MADV_POPULATE_WRITE (before Linux 5.14)");
     /* (The main run checks it; under memcheck the RSS counts memcheck's
