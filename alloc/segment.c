@@ -231,11 +231,12 @@ static void set_slot_locked(struct gs_segment *seg, unsigned slot, struct gs_sla
 /* Where placement, the trim and the purge look, instead of at every
    segment: a full segment, or one whose free slots are a leftover too
    short for the slab (63 slots rarely divide by a span), must cost them
-   nothing, or a new slab's cost grows with the heap. A program that grew
-   to 8 GiB of 1 KiB blocks spent a quarter of its time walking the
-   headers of full segments (54 s, against 26 s on jemalloc); one that
-   freed 4 GiB in a random order and allocated half of it again walked
-   every segment twice per new slab, looking for committed slots none had.
+   nothing, or a new slab's cost grows with the heap. perf put a fifth of
+   an 8 GiB build of 1 KiB blocks in those walks; bench/bigheap built
+   4 GiB in 13.7 s without the lists, 11.3 s with them, and after a
+   random-order free, which leaves every segment with free slots but no
+   committed ones, rebuilt half of it in 6.1 s against 3.6 (it walked
+   every segment twice per new slab, looking for committed slots).
 
    open_runs[n] lists the segments whose longest run of free slots is n
    slots (1..63), the one changed last first; dirty_list, the segments
@@ -685,10 +686,10 @@ struct gs_slab *gsi_slab_new(unsigned cls, bool populate, uint32_t affinity)
        this slab will be used through (it just used up one of the class).
        A fault per page costs more: on this project's VM, 1 GiB paged in
        by touching each page took 4.2 to 4.4 s, in 64 KiB madvise calls
-       2.2 to 3.2 s; bench/bigheap built 2 GiB of 1 KiB blocks in 3.2 to
-       4.3 s against 6.9 to 7.7 when only given-back slots were paged in,
-       and perl's workload ran in 2.09 s of CPU against 2.58 (5 runs each,
-       same peak RSS). Not without that demand: a thread's first slab of a
+       2.2 to 3.2 s; bench/bigheap built 4 GiB of 1 KiB blocks in 6.5 s
+       against 11.6 when only given-back slots were paged in (3 runs), and
+       perl's workload ran in 2.09 s of CPU against 2.58 (5 runs; the same
+       peak RSS in both). Not without that demand: a thread's first slab of a
        class may hold one object for good (16 threads taking one object of
        each class up to 4 KiB added 31 MiB of RSS when every new slab was
        paged in, 3.7 MiB without). Nor for objects above a page (a program
