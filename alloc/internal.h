@@ -243,9 +243,6 @@ struct gs_segment {
     bool on_dirty_list;
     uint64_t free_slots;                 /* bit i: slot i unused */
     uint64_t dirty_slots;                /* bit i: unused but committed */
-    uint64_t decommitted_slots;          /* bit i: unused, and given back
-                                            (madvise) after a slab used it;
-                                            read by tests */
     uint64_t ready_slots;                /* bit i: part of a READY slab */
     /* The id of the heap whose new slabs come from here first (0: none;
        gsi_slab_new). A wholly unused segment and the segments of an

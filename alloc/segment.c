@@ -36,8 +36,8 @@
  * lists"), so their cost does not grow with the heap.
  *
  * Locking: segment_lock protects the segment list, the room lists and every
- * segment's free_slots, dirty_slots, decommitted_slots, dirty_since,
- * affinity and slot_slab; a slab's kind is written under it. It is taken on slab
+ * segment's free_slots, dirty_slots, dirty_since, affinity and
+ * slot_slab; a slab's kind is written under it. It is taken on slab
  * creation and retirement, and when a heap is abandoned (disown).
  */
 #include "alloc/internal.h"
@@ -329,7 +329,6 @@ static struct gs_segment *segment_new_locked(void)
     seg->seq = segments_made++;
     seg->free_slots = ALL_SLABS;
     seg->dirty_slots = 0;
-    seg->decommitted_slots = 0;
     for (unsigned i = 0; i < GS_SLOTS; i++)
         seg->slot_slab[i] = &gsi_unused_slab;
     fastmap_join(seg);
@@ -396,7 +395,6 @@ static void decommit_bridged_locked(struct gs_segment *seg, uint64_t mask)
     unready_locked(seg, mask);
     seg->dirty_slots &= ~mask;
     room_update_locked(seg);
-    seg->decommitted_slots |= mask;
     gsi_os_decommit((char *)seg + (size_t)lo * GS_SLOT_SIZE, (size_t)(hi - lo + 1) * GS_SLOT_SIZE);
     size_t bytes = (size_t)__builtin_popcountll(mask) * GS_SLOT_SIZE;
     __atomic_store_n(&dirty_bytes, dirty_bytes - bytes, __ATOMIC_RELAXED);
@@ -698,7 +696,6 @@ struct gs_slab *gsi_slab_new(unsigned cls, bool populate, uint32_t affinity)
     uint64_t page_in = populate && gsi_classes[cls].size <= GS_PAGE
                            ? mask & ~found->dirty_slots
                            : 0;
-    found->decommitted_slots &= ~mask;
     size_t dirty = (size_t)__builtin_popcountll(found->dirty_slots & mask);
     __atomic_store_n(&dirty_bytes, dirty_bytes - dirty * GS_SLOT_SIZE, __ATOMIC_RELAXED);
     found->free_slots &= ~mask;

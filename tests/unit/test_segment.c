@@ -445,15 +445,27 @@ static size_t resident_after_reuse(unsigned cls, bool populate)
         s[i] = gsi_slab_new(cls, false, 0);
         cr_assert_not_null(s[i]);
     }
-    for (int i = 0; i < N - 1; i++)
+    struct gs_segment *retired_in[N];
+    uint64_t retired_mask[N];
+    for (int i = 0; i < N - 1; i++) {
+        retired_in[i] = segment_of(s[i]->start);
+        unsigned first = (unsigned)(s[i] - retired_in[i]->slabs);
+        retired_mask[i] = (((uint64_t)1 << s[i]->span) - 1) << first;
         gsi_slab_retire(s[i]);
+    }
     gsi_segments_purge(true);
+    /* The purge gave back the retired slabs' slots, in the segments it
+       left mapped. */
     struct gs_segment *segs[MAX_SEGS];
     uint64_t given_back[MAX_SEGS];
     size_t nsegs = gsi_segments_list(segs, MAX_SEGS);
     cr_assert_leq(nsegs, MAX_SEGS);
-    for (size_t j = 0; j < nsegs; j++)
-        given_back[j] = segs[j]->decommitted_slots;
+    for (size_t j = 0; j < nsegs; j++) {
+        given_back[j] = 0;
+        for (int i = 0; i < N - 1; i++)
+            if (retired_in[i] == segs[j])
+                given_back[j] |= retired_mask[i];
+    }
     for (int tries = 0; tries < 256; tries++) {
         struct gs_slab *t = gsi_slab_new(cls, populate, 0);
         cr_assert_not_null(t);
