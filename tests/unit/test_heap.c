@@ -237,6 +237,45 @@ static void *churn_thread(void *arg)
     return NULL;
 }
 
+/* A consumer: frees blocks another thread allocated (class 700 B), keeping
+   none of the slabs it empties, as it never allocates the class; then
+   allocates and frees as many itself, and keeps. */
+struct consumer {
+    void **blocks;
+    size_t n;
+    bool allocated_class; /* had an active slab of the class when done freeing */
+    struct kept freeing, churning;
+};
+
+static void *consume_700(void *arg)
+{
+    struct consumer *c = arg;
+    unsigned cls = gsi_size_class(700);
+    for (size_t i = 0; i < c->n; i++)
+        free(c->blocks[i]);
+    c->allocated_class = gsi_tls_heap->active[cls] != &gsi_empty_slab;
+    c->freeing = kept_of_class(cls);
+    c->churning = churn_700();
+    return NULL;
+}
+
+/* bench/prodcons held 2 to 20 MB for 64 KiB in flight while its consumer
+   kept the slabs it emptied and its producer mapped new ones. */
+Test(heap, frees_of_a_class_never_allocated_keep_nothing)
+{
+    enum { N = 20000 }; /* about 215 slabs */
+    static void *p[N];
+    for (int i = 0; i < N; i++)
+        p[i] = malloc(700);
+    struct consumer c = {.blocks = p, .n = N};
+    run_thread(consume_700, &c);
+    cr_assert_not(c.allocated_class, "the consumer had an active slab of the class");
+    cr_assert_eq(c.freeing.own + c.freeing.shared, 0,
+                 "a thread that only freed the class kept %zu bytes of its own and %zu shared",
+                 c.freeing.own, c.freeing.shared);
+    cr_assert_gt(c.churning.own, 0, "the same thread kept nothing once it allocated the class");
+}
+
 /* Beyond its own 2 MiB, a heap keeps empty slabs from a budget all heaps
    share (here 4 MiB) and retires the rest. While one heap holds the whole
    budget another keeps only its own 2 MiB; malloc_trim gives the kept
