@@ -238,11 +238,13 @@ static void *churn_thread(void *arg)
 }
 
 /* A consumer: frees blocks another thread allocated (class 700 B), keeping
-   none of the slabs it empties, as it never allocates the class; then
-   allocates and frees as many itself, and keeps. */
+   none of the slabs it empties, as it never allocates the class; waits while
+   the producer allocates as much again; then allocates and frees as many
+   itself, and keeps. */
 struct consumer {
     void **blocks;
     size_t n;
+    pthread_barrier_t freed, reallocated;
     bool allocated_class; /* had an active slab of the class when done freeing */
     struct kept freeing, churning;
 };
@@ -255,6 +257,8 @@ static void *consume_700(void *arg)
         free(c->blocks[i]);
     c->allocated_class = gsi_tls_heap->active[cls] != &gsi_empty_slab;
     c->freeing = kept_of_class(cls);
+    pthread_barrier_wait(&c->freed);
+    pthread_barrier_wait(&c->reallocated);
     c->churning = churn_700();
     return NULL;
 }
@@ -268,12 +272,30 @@ Test(heap, frees_of_a_class_never_allocated_keep_nothing)
     for (int i = 0; i < N; i++)
         p[i] = malloc(700);
     struct consumer c = {.blocks = p, .n = N};
-    run_thread(consume_700, &c);
+    pthread_barrier_init(&c.freed, NULL, 2);
+    pthread_barrier_init(&c.reallocated, NULL, 2);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, consume_700, &c), 0);
+    pthread_barrier_wait(&c.freed);
+    /* The consumer lives on: what it emptied went back to the segments,
+       committed, and the producer allocating as much again maps nothing. */
+    struct gs_stats before, after;
+    gs_stats_get(&before);
+    for (int i = 0; i < N; i++)
+        p[i] = malloc(700);
+    gs_stats_get(&after);
+    pthread_barrier_wait(&c.reallocated);
+    cr_assert_eq(pthread_join(t, NULL), 0);
     cr_assert_not(c.allocated_class, "the consumer had an active slab of the class");
     cr_assert_eq(c.freeing.own + c.freeing.shared, 0,
                  "a thread that only freed the class kept %zu bytes of its own and %zu shared",
                  c.freeing.own, c.freeing.shared);
+    cr_assert_leq(after.mapped_bytes, before.mapped_bytes,
+                  "the producer mapped %zu KiB more to allocate what it had freed",
+                  (after.mapped_bytes - before.mapped_bytes) >> 10);
     cr_assert_gt(c.churning.own, 0, "the same thread kept nothing once it allocated the class");
+    for (int i = 0; i < N; i++)
+        free(p[i]);
 }
 
 /* Beyond its own 2 MiB, a heap keeps empty slabs from a budget all heaps
