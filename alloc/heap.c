@@ -29,6 +29,10 @@
    frees batches then never touches the segment lock, and the bound keeps
    idle threads from holding much memory. */
 #define HEAP_EMPTY_KEEP ((size_t)gsi_option(GSI_OPT_HEAP_EMPTY_KB) << 10)
+/* Keep credits saved per class: 512 slabs, more than the byte bounds let
+   one heap keep (its own 2 MiB and the shared 16 MiB: 288 one-slot slabs),
+   so a thread that frees what it allocated is bounded by those alone. */
+#define KEEP_CREDIT_MAX 512
 
 /* Beyond that, a heap may keep more empty slabs from a budget all heaps
    share (GRACESLAB_HEAP_SHARED_KEEP_MB, 16 MiB): a thread that frees and
@@ -326,6 +330,7 @@ static struct gs_heap *heap_create_locked(void)
         heap_all = h;
     }
     heap_clear_active(h);
+    memset(h->keep_credit, 0, sizeof h->keep_credit);
     h->decay_ns = 0;
     h->decay_pass = 0;
     h->key = (uintptr_t)h;
@@ -713,6 +718,8 @@ got:
     s->used += GS_ACTIVE_CHARGE;
     s->where = GS_IN_ACTIVE;
     heap_set_active(h, cls, s);
+    if (h->keep_credit[cls] < KEEP_CREDIT_MAX)
+        h->keep_credit[cls]++;
     return s;
 }
 
@@ -782,17 +789,19 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
         return;
     size_t bytes = (size_t)s->span * GS_SLOT_SIZE, keep = HEAP_EMPTY_KEEP;
     bool own = false, kept = false;
-    /* Only a heap that allocates the class (it has an active slab of it)
-       keeps: a thread that only frees what others allocated, as a
-       consumer does, would hold its kept slabs for nothing while their
-       allocator maps new ones (bench/prodcons: 2 to 20 MB peak RSS for
-       64 KiB in flight; retired, they reach the allocator through the
-       class's ready list). */
-    if (h->live && keep && h->active[s->cls] != &gsi_empty_slab) {
+    /* A heap keeps no more slabs of a class than it made active (a
+       credit each): a thread that frees what others allocated, as a
+       consumer does, would otherwise hold the slabs it empties for
+       nothing while their allocator maps new ones (bench/prodcons: 2 to
+       20 MB peak RSS for 64 KiB in flight, and so again when the
+       consumer allocated one block of the class). Retired, they reach the
+       allocator through the class's ready list. */
+    if (h->live && keep && h->keep_credit[s->cls]) {
         own = h->empty_bytes + bytes <= keep && own_keep_take(bytes);
         kept = own || shared_keep_take(bytes);
     }
     if (kept) {
+        h->keep_credit[s->cls]--;
         unlink_owned(h, s);
         /* Kept at the tail: partly used slabs are refilled first. */
         s->kept_empty = true;

@@ -322,6 +322,9 @@ struct gs_heap {
     uint32_t slabs_made;
     unsigned poll_cls;                         /* full_poll_other's turn */
     size_t empty_bytes;                        /* empty slabs kept on partial lists */
+    /* Per class: slabs it may still keep when they empty, one earned per
+       slab it made active (heap.c, gsi_heap_slab_empty). Owner only. */
+    uint16_t keep_credit[GS_NCLASSES];
     uint64_t decay_ns;                         /* last decay pass; 0: no medium slab yet (decay.c) */
     uint32_t decay_pass;                       /* passes made (decay.c) */
     /* This thread's latest remote frees into one slab another heap owns:
