@@ -29,10 +29,6 @@
    frees batches then never touches the segment lock, and the bound keeps
    idle threads from holding much memory. */
 #define HEAP_EMPTY_KEEP ((size_t)gsi_option(GSI_OPT_HEAP_EMPTY_KB) << 10)
-/* Keep credits saved per class: 512 slabs, more than the byte bounds let
-   one heap keep (its own 2 MiB and the shared 16 MiB: 288 one-slot slabs),
-   so a thread that frees what it allocated is bounded by those alone. */
-#define KEEP_CREDIT_MAX 512
 
 /* Beyond that, a heap may keep more empty slabs from a budget all heaps
    share (GRACESLAB_HEAP_SHARED_KEEP_MB, 16 MiB): a thread that frees and
@@ -47,6 +43,14 @@
    A heap whose own keep is 0 keeps nothing. Relaxed: byte counts that
    bound memory; no data is published through them. */
 static _Atomic size_t shared_keep_bytes;
+
+/* And a heap keeps no more emptied slabs of a class than it made active
+   (keep_credit): what a consumer empties of a producer's slabs goes back
+   to the segments, where the producer's next slab comes from. Credits
+   saved per class: 512 slabs, more than the byte bounds let one heap keep
+   (its own 2 MiB and the shared 16 MiB: 288 one-slot slabs), so a thread
+   that frees what it allocated is bounded by those alone. */
+#define KEEP_CREDIT_MAX 512
 
 /* The heaps' own keeps together (the sum of every heap's empty_bytes, give
    or take a slab after a fork child reset a lost heap's count) stay within
