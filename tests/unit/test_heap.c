@@ -287,6 +287,8 @@ Test(heap, consumer_keeps_no_more_than_it_made_active)
     gs_stats_get(&after);
     pthread_barrier_wait(&c.reallocated);
     cr_assert_eq(pthread_join(t, NULL), 0);
+    pthread_barrier_destroy(&c.freed);
+    pthread_barrier_destroy(&c.reallocated);
     cr_assert_leq(c.freeing.own + c.freeing.shared, slab_bytes,
                   "a thread that made one slab of the class active kept %zu bytes of its "
                   "own and %zu shared",

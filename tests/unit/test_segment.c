@@ -408,7 +408,6 @@ Test(segment, purge_spares_young_slab_between_old_ones)
         gsi_slab_retire(rest[i]);
 }
 
-/* Does this kernel page a range in on request (Linux 5.14 and later)? */
 /* Transparent huge pages set to "always": a write anywhere in a 2 MiB
    range of a new segment may page in all of it, so which 64 KiB slots a
    slab had paged in cannot be seen (a review reproduced that failure). */
@@ -424,6 +423,7 @@ static bool huge_pages_always(void)
     return strstr(buf, "[always]") != NULL;
 }
 
+/* Does this kernel page a range in on request (Linux 5.14 and later)? */
 static bool kernel_populates(void)
 {
     char *p = mmap(NULL, GS_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
