@@ -216,9 +216,10 @@ static void unlink_owned(struct gs_heap *h, struct gs_slab *s)
         gsi_heap_list_remove(&h->partial[s->cls], s);
     else if (s->where == GS_IN_WAITING)
         gsi_heap_list_remove(&h->waiting[s->cls], s);
-    else if (s->where == GS_IN_FULL)
+    else if (s->where == GS_IN_FULL || s->where == GS_IN_PARKED) {
         gsi_heap_list_remove(&h->full[s->cls], s);
-    else if (s->where == GS_IN_ACTIVE) {
+        gsi_heap_slab_unpark(s);
+    } else if (s->where == GS_IN_ACTIVE) {
         heap_set_active(h, s->cls, &gsi_empty_slab);
         s->used = gsi_slab_recount(s); /* drop the advance charge (see refill) */
     }
@@ -407,7 +408,10 @@ void gsi_heap_free_emptied(const void *p, struct gs_slab *s)
     uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
     if (GS_LIKELY(GS_X_OWNER(x) == h->id && h != &gsi_empty_heap)) {
         unsigned cls = s->cls;
+        bool parked = s->where == GS_IN_PARKED;
         gsi_heap_slab_empty(h, s);
+        if (parked)
+            return; /* not emptied: unparked (no decay pass per medium free) */
         /* A thread that only frees (a consumer, a teardown) still decays
            its medium objects: a slab emptying is its slow path. */
         gsi_heap_decay(h, cls);
@@ -493,12 +497,18 @@ static void put_exhausted(struct gs_heap *h, struct gs_slab *s)
         gsi_pending_kick();
         return;
     }
-    /* Not medium slabs (4 to 16 blocks of 36 KiB and up): a program that
-       keeps replacing the oldest of 1000 such blocks made new slabs,
-       faulting their pages in, for blocks a turn had not reached yet
-       (its first 0.2 s: 0.10 M replacements/s against 0.18 M). */
-    if (h->keep_full && s->cls < GS_FIRST_MEDIUM_CLASS) {
-        s->where = GS_IN_FULL;
+    if (h->keep_full) {
+        /* Exhausted: every object is allocated (none free, none pending,
+           none never linked, the remote chain just found empty), so
+           `used` == capacity, and a medium slab's watch of 1 stands for
+           it (see "Full slabs"). */
+        if (s->cls >= GS_FIRST_MEDIUM_CLASS) {
+            GS_ASSERT(s->used == s->capacity && s->capacity > 1);
+            s->used = 1;
+            s->where = GS_IN_PARKED;
+        } else {
+            s->where = GS_IN_FULL;
+        }
         list_append(&h->full[s->cls], s);
         return;
     }
@@ -527,7 +537,19 @@ static void put_exhausted(struct gs_heap *h, struct gs_slab *s)
    free: 8.6 M replacements/s with 100,000 live blocks, against 20 M
    this way and 5.5 M before.) The turn bounds refill's work; what it costs is free
    blocks a turn has not reached, about one per GS_FULL_POLL full slabs
-   of the class. Other threads' frees into a full slab go to its remote
+   of the class.
+   Medium slabs (4 to 16 blocks of 36 KiB and up) cannot leave free blocks
+   to a turn: a program that kept replacing the oldest of 1000 such blocks
+   made new slabs, faulting their pages in, for blocks the turn had not
+   reached (its first 0.2 s: 0.10 M replacements/s against 0.18 M). Nor
+   was releasing them cheap: half its mallocs released a used-up slab and
+   half its frees adopted one back. So a medium slab is parked instead:
+   on the full list with `used` set to 1, a watch, so that the owner's
+   first free into it (fast path included) takes `used` to zero and the
+   slow path, which counts it again (capacity - 1) and makes it partial
+   (gsi_heap_slab_empty). A slow path per freed-into slab is little next
+   to the pages of a medium block. Anything else that counts with `used`
+   unparks the slab first (unlink_owned, a sweep's settle). Other threads' frees into a full slab go to its remote
    chain as into any owned slab; refill finding any (in its class's turn,
    or in one full slab of another class, full_poll_other), or pending
    objects, means other threads free (or defer) what this heap allocates,
@@ -780,8 +802,24 @@ static void retire_owned(struct gs_heap *h, struct gs_slab *s)
     gsi_slab_retire(s);
 }
 
+void gsi_heap_slab_unpark(struct gs_slab *s)
+{
+    if (s->where == GS_IN_PARKED) {
+        s->used = s->capacity;
+        s->where = GS_IN_FULL;
+    }
+}
+
 void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
 {
+    /* The owner freed into a parked slab: the watch of 1 stood for its
+       capacity (see "Full slabs"). */
+    if (s->where == GS_IN_PARKED) {
+        gsi_heap_list_remove(&h->full[s->cls], s);
+        s->used = s->capacity - 1;
+        make_partial(h, s);
+        return;
+    }
     /* The active slab's charge ran out (2^62 frees): charge it again. It
        is kept even when empty: a thread that allocates and frees one
        object at a time must not map and unmap a slab per call. */

@@ -663,6 +663,7 @@ static void settle(struct sweep *sw, struct gs_slab *s)
     bool adopted = s->where == GS_IN_NONE;
     if (adopted)
         gsi_slab_collect(s);
+    gsi_heap_slab_unpark(s); /* its true count, before the reclaim lowers it */
     sw->bytes += (size_t)gsi_pending_reclaim_local(s) * s->obj_size;
     if (adopted)
         gsi_heap_settle_adopted(sw->h, s);

@@ -20,7 +20,9 @@ static void count_slab(struct gs_slab *s, void *arg)
        counts the objects on the remote chain, which are freed (another
        thread's free, or a reclaim done for this heap elsewhere) but not
        yet collected by the owner: not allocated any more. */
-    uint64_t used = s->where == GS_IN_ACTIVE ? gsi_slab_recount(s) : s->used;
+    uint64_t used = s->where == GS_IN_ACTIVE   ? gsi_slab_recount(s)
+                    : s->where == GS_IN_PARKED ? s->capacity
+                                               : s->used;
     uint64_t remote = GS_X_COUNT(atomic_load_explicit(&s->xstate, memory_order_relaxed));
     st->class_allocated[s->cls] += used > remote ? used - remote : 0;
 }

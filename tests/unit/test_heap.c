@@ -1244,6 +1244,46 @@ Test(heap, idle_medium_objects_decay)
     gs_reclaim(SIZE_MAX);
 }
 
+/* Periods of 100 ms and more are timed on the coarse clock: passes still
+   come one period apart (not before: a stamp of the fine clock, from a
+   1 ms period just before, is not read as long ago), and two of them give
+   the idle objects back. */
+Test(heap, decay_with_long_period_uses_the_coarse_clock)
+{
+    enum { N = 32, SIZE = 40000, PERIOD_MS = 150 };
+    static char *p[N];
+    static bool live[N], deferred[N];
+    struct gs_heap *h = gsi_tls_mine;
+    medium_objects(p, live, N, SIZE);
+    size_t obj = gsi_slab_of(p[0])->obj_size;
+    unsigned cls = gsi_size_class(SIZE);
+    gsi_option_set(GSI_OPT_DECAY_MS, 1);
+    gst_sleep_ms(5);
+    gsi_heap_decay(h, cls); /* a pass on the fine clock: all allocated */
+    gsi_option_set(GSI_OPT_DECAY_MS, PERIOD_MS);
+    for (int i = 0; i < N; i++)
+        if (!live[i])
+            free(p[i]);
+    uint32_t pass = h->decay_pass;
+    gsi_heap_decay(h, cls);
+    cr_assert_eq(h->decay_pass, pass, "a pass before the period was over");
+    gst_sleep_ms(PERIOD_MS + 30);
+    gsi_heap_decay(h, cls);
+    cr_assert_eq(h->decay_pass, pass + 1, "no pass one period later");
+    gsi_heap_decay(h, cls);
+    cr_assert_eq(h->decay_pass, pass + 1, "a second pass at once");
+    for (int i = 0; i < N; i++)
+        if (!live[i])
+            cr_assert_eq(resident_pages(p[i], obj), obj / GS_PAGE,
+                         "object %d decayed after one pass", i);
+    gst_sleep_ms(PERIOD_MS + 30);
+    gsi_heap_decay(h, cls);
+    check_given_back(p, live, deferred, N, SIZE);
+    for (int i = 0; i < N; i++)
+        if (live[i])
+            free(p[i]);
+}
+
 /* A free medium object whose pages cannot be given back (mlock: madvise
    fails with EINVAL) keeps them, is not counted as given back, and is
    tried again by the next trim once unlocked. */
@@ -1554,4 +1594,171 @@ Test(heap, thread_exit_releases_full_slabs)
             cr_assert_eq(GS_X_OWNER(atomic_load(&gsi_slab_of(k.p[i])->xstate)), 0,
                          "block %zu: its slab is still owned after its thread exited", i);
     kf_free_all(&k);
+}
+
+/* ---- medium slabs parked by a heap that keeps its full slabs ---- */
+
+#define PK_SIZE 40000
+#define PK_BLOCKS 64
+
+struct pk {
+    struct kf k;          /* keep_full entered with small blocks */
+    void *p[PK_BLOCKS];   /* medium blocks */
+    unsigned cls;
+    uint64_t before;      /* blocks of the class the test runner holds */
+};
+
+/* Enters keep_full (kf_setup), then allocates medium blocks until one of
+   their slabs is used up: it must be parked on the full list, owned, with
+   its watch of 1 for `used`, and counted as wholly allocated. */
+static struct gs_slab *pk_setup(struct pk *t)
+{
+    kf_setup(&t->k);
+    struct gs_heap *h = gsi_tls_mine;
+    t->cls = gsi_size_class(PK_SIZE);
+    cr_assert_geq(t->cls, GS_FIRST_MEDIUM_CLASS);
+    struct gs_stats st0, st1;
+    gs_stats_get(&st0);
+    t->before = st0.class_allocated[t->cls];
+    int n = 0;
+    while (n < PK_BLOCKS && !h->full[t->cls].first) {
+        cr_assert_not_null(t->p[n] = malloc(PK_SIZE));
+        memset(t->p[n], n, 64);
+        n++;
+    }
+    for (int i = n; i < PK_BLOCKS; i++)
+        t->p[i] = NULL;
+    struct gs_slab *s = h->full[t->cls].first;
+    cr_assert_not_null(s, "no medium slab on the full list after %d blocks", n);
+    cr_assert_eq(s->where, GS_IN_PARKED);
+    cr_assert_eq(s->used, 1, "the watch");
+    cr_assert_eq(GS_X_OWNER(atomic_load(&s->xstate)), h->id, "a used-up medium slab was released");
+    cr_assert_eq(atomic_load(&s->owner_key), h->key, "its frees must take the fast path");
+    gs_stats_get(&st1);
+    cr_assert_eq(st1.class_allocated[t->cls] - st0.class_allocated[t->cls], (uint64_t)n,
+                 "%d medium blocks allocated, the statistics count %lu", n,
+                 (unsigned long)(st1.class_allocated[t->cls] - st0.class_allocated[t->cls]));
+    return s;
+}
+
+static int pk_block_in(const struct pk *t, const struct gs_slab *s)
+{
+    int i = 0;
+    while (i < PK_BLOCKS && (!t->p[i] || gsi_slab_of(t->p[i]) != s))
+        i++;
+    cr_assert_lt(i, PK_BLOCKS, "no live medium block in the parked slab");
+    return i;
+}
+
+/* Frees everything and checks that the medium class is wholly free again
+   (a wrong count would leave blocks counted, or trip an assertion). */
+static void pk_free_all(struct pk *t)
+{
+    for (int i = 0; i < PK_BLOCKS; i++)
+        free(t->p[i]);
+    kf_free_all(&t->k);
+    struct gs_stats st;
+    gs_stats_get(&st);
+    cr_assert_eq(st.class_allocated[t->cls], t->before,
+                 "%lu medium blocks counted, %lu before the test's",
+                 (unsigned long)st.class_allocated[t->cls], (unsigned long)t->before);
+}
+
+/* The owner's free into a parked slab unparks it at once (its count back
+   to capacity - 1) onto the partial list, still owned, and the block is
+   handed out again before any new slab is made. */
+Test(heap, owner_free_unparks_medium_slab)
+{
+    struct pk t;
+    struct gs_slab *s = pk_setup(&t);
+    struct gs_heap *h = gsi_tls_mine;
+    int i = pk_block_in(&t, s);
+    void *freed = t.p[i];
+    free(freed);
+    t.p[i] = NULL;
+    cr_assert_eq(s->where, GS_IN_PARTIAL);
+    cr_assert_eq(s->used, s->capacity - 1);
+    cr_assert_eq(GS_X_OWNER(atomic_load(&s->xstate)), h->id);
+    /* The active slab's free blocks first, then the partial slab's. */
+    void *more[17]; /* a medium slab holds at most 16 */
+    size_t m = 0, limit = h->active[t.cls]->capacity + 1;
+    cr_assert_leq(limit, 17);
+    bool again = false;
+    while (m < limit && !again) {
+        cr_assert_not_null(more[m] = malloc(PK_SIZE));
+        again = more[m++] == freed;
+    }
+    cr_assert(again, "the freed block was not handed out again in %zu allocations", m);
+    cr_assert_eq(s->where, GS_IN_ACTIVE);
+    for (size_t j = 0; j < m; j++)
+        free(more[j]);
+    pk_free_all(&t);
+}
+
+/* Two blocks of a parked slab deferred by its owner: the sweep that
+   reclaims them counts from the true count (capacity), so the slab ends up
+   partial with two free objects. */
+Test(heap, reclaim_into_parked_slab_counts_from_capacity)
+{
+    struct pk t;
+    struct gs_slab *s = pk_setup(&t);
+    for (int k = 0; k < 2; k++) {
+        int i = pk_block_in(&t, s);
+        gs_free_rcu(t.p[i]);
+        t.p[i] = NULL;
+    }
+    cr_assert_eq(s->where, GS_IN_PARKED, "a deferral is no free: still parked");
+    gs_reclaim(SIZE_MAX);
+    cr_assert_eq(s->used, s->capacity - 2);
+    cr_assert_eq(s->where, GS_IN_PARTIAL);
+    pk_free_all(&t);
+}
+
+static void *pk_free_elsewhere(void *arg)
+{
+    free(arg);
+    return NULL;
+}
+
+/* Another thread's free into a parked slab goes to its remote chain; the
+   owner's refills find it, end keep_full and count the slab right. */
+Test(heap, remote_free_into_parked_slab)
+{
+    struct pk t;
+    struct gs_slab *s = pk_setup(&t);
+    struct gs_heap *h = gsi_tls_mine;
+    int i = pk_block_in(&t, s);
+    run_thread(pk_free_elsewhere, t.p[i]);
+    t.p[i] = NULL;
+    cr_assert_eq(GS_X_COUNT(atomic_load(&s->xstate)), 1, "the remote free is not on the chain");
+    enum { MORE = 200000 };
+    void **more = gst_raw_array(MORE);
+    size_t m = 0;
+    while (m < MORE && h->keep_full)
+        cr_assert_not_null(more[m++] = malloc(PK_SIZE));
+    cr_assert(!h->keep_full, "still keeping full slabs after %zu allocations", m);
+    cr_assert_neq(s->where, GS_IN_PARKED);
+    for (size_t j = 0; j < m; j++)
+        free(more[j]);
+    munmap(more, MORE * sizeof(void *));
+    pk_free_all(&t);
+}
+
+static void *pk_thread_exits_with_parked_slab(void *arg)
+{
+    pk_setup(arg);
+    return NULL;
+}
+
+/* A thread that exits with a parked slab gives it up with its true count:
+   ownerless, and another thread's frees empty it. */
+Test(heap, thread_exit_releases_parked_slab)
+{
+    struct pk t;
+    run_thread(pk_thread_exits_with_parked_slab, &t);
+    for (int i = 0; i < PK_BLOCKS; i++)
+        if (t.p[i])
+            cr_assert_eq(GS_X_OWNER(atomic_load(&gsi_slab_of(t.p[i])->xstate)), 0,
+                         "medium block %d: its slab is still owned after its thread exited", i);
+    pk_free_all(&t);
 }
