@@ -804,8 +804,13 @@ static void retire_owned(struct gs_heap *h, struct gs_slab *s)
 
 void gsi_heap_slab_unpark(struct gs_slab *s)
 {
+    /* The watch is 1, or 0 when a free took it there and its slow path
+       has not run yet: a thread freeing into a dead thread's heap's slab
+       abandons that heap first (gsi_heap_free_emptied), which unparks
+       the slab here with that free already made. */
     if (s->where == GS_IN_PARKED) {
-        s->used = s->capacity;
+        GS_ASSERT(s->used <= 1);
+        s->used = s->capacity - 1 + s->used;
         s->where = GS_IN_FULL;
     }
 }
@@ -816,7 +821,7 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
        capacity (see "Full slabs"). */
     if (s->where == GS_IN_PARKED) {
         gsi_heap_list_remove(&h->full[s->cls], s);
-        s->used = s->capacity - 1;
+        gsi_heap_slab_unpark(s); /* used 0: capacity - 1 */
         make_partial(h, s);
         return;
     }
@@ -882,6 +887,17 @@ void gsi_heap_slab_reclaimed(struct gs_heap *h, struct gs_slab *s)
         return;
     if (s->used == 0) {
         gsi_heap_slab_empty(h, s);
+        return;
+    }
+    /* A parked slab, unparked for the reclaim, from which it got nothing
+       (another sweep had handed its chain to the remote chain): still
+       exhausted, so parked again, or the owner's frees into it would stay
+       on the fast path, unseen until refill's turn came to it. */
+    if (s->where == GS_IN_FULL && s->cls >= GS_FIRST_MEDIUM_CLASS &&
+        s->free_head == GS_LINK_END) {
+        GS_ASSERT(s->used == s->capacity);
+        s->used = 1;
+        s->where = GS_IN_PARKED;
         return;
     }
     if ((s->where == GS_IN_WAITING || s->where == GS_IN_FULL) && s->free_head != GS_LINK_END) {
@@ -1073,8 +1089,10 @@ static void rescue_unlisted_slabs(void)
         if (s->kept_empty) /* its lost heap's count was reset; the totals were not */
             keep_drop(NULL, s);
         repair_torn_slab(s); /* every slab here is a lost heap's */
+        /* Whatever charge or watch it had (active, parked): the recount
+           includes the remote chain, which the collect then takes off. */
+        s->used = gsi_slab_recount(s);
         gsi_slab_collect(s);
-        s->used = gsi_slab_recount(s); /* whatever charge it had */
         gsi_slab_release(owner, s);    /* no other thread: the chain is empty */
         gsi_orphan_push(s);
     }

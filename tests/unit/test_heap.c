@@ -1762,3 +1762,97 @@ Test(heap, thread_exit_releases_parked_slab)
                          "medium block %d: its slab is still owned after its thread exited", i);
     pk_free_all(&t);
 }
+
+/* The watch's two values: 1 stands for the capacity; 0 (a free made whose
+   slow path has not run: a thread freeing into a dead thread's heap's slab
+   abandons that heap first, which unparks the slab) for capacity - 1. */
+Test(heap, unpark_counts_a_free_already_made)
+{
+    struct pk t;
+    struct gs_slab *s = pk_setup(&t);
+    s->used = 0; /* as the fast path leaves it before gsi_heap_free_emptied */
+    gsi_heap_slab_unpark(s);
+    cr_assert_eq(s->used, s->capacity - 1);
+    cr_assert_eq(s->where, GS_IN_FULL);
+    s->used = s->capacity; /* no free was made: put the true count back */
+    pk_free_all(&t);
+}
+
+/* A sweep unparks a parked slab to reclaim into it; when the reclaim gets
+   nothing (another sweep handed the chain to the remote chain meanwhile),
+   the slab is parked again, and the owner's next free still unparks it. */
+Test(heap, slab_unparked_for_an_empty_reclaim_is_parked_again)
+{
+    struct pk t;
+    struct gs_slab *s = pk_setup(&t);
+    struct gs_heap *h = gsi_tls_mine;
+    gsi_heap_slab_unpark(s); /* as settle() does */
+    cr_assert_eq(s->used, s->capacity);
+    cr_assert_eq(gsi_pending_reclaim_local(s), 0);
+    gsi_heap_slab_reclaimed(h, s);
+    cr_assert_eq(s->where, GS_IN_PARKED);
+    cr_assert_eq(s->used, 1);
+    int i = pk_block_in(&t, s);
+    free(t.p[i]);
+    t.p[i] = NULL;
+    cr_assert_eq(s->where, GS_IN_PARTIAL);
+    cr_assert_eq(s->used, s->capacity - 1);
+    pk_free_all(&t);
+}
+
+struct pk_fork {
+    struct pk t;
+    struct gs_slab *s;
+    pthread_barrier_t ready, done;
+};
+
+static void *pk_hold(void *arg)
+{
+    struct pk_fork *f = arg;
+    f->s = pk_setup(&f->t);
+    pthread_barrier_wait(&f->ready);
+    pthread_barrier_wait(&f->done); /* alive, holding the parked slab, across the fork */
+    return NULL;
+}
+
+/* A fork child in which the thread that parked a slab is lost, with two
+   frees of another thread on the slab's remote chain: the child repairs
+   the slab (recount, then collect: with the watch as the count the
+   collect tripped its `used >= n` assertion) and counts it right, so
+   freeing the rest of its blocks leaves the class as the runner had it. */
+Test(heap, fork_child_repairs_parked_slab_with_remote_frees)
+{
+    static struct pk_fork f;
+    pthread_t th;
+    cr_assert_eq(pthread_barrier_init(&f.ready, NULL, 2), 0);
+    cr_assert_eq(pthread_barrier_init(&f.done, NULL, 2), 0);
+    cr_assert_eq(pthread_create(&th, NULL, pk_hold, &f), 0);
+    pthread_barrier_wait(&f.ready);
+    for (int k = 0; k < 2; k++) {
+        int i = pk_block_in(&f.t, f.s);
+        free(f.t.p[i]); /* remote: batched, pushed by gs_stats_get below */
+        f.t.p[i] = NULL;
+    }
+    struct gs_stats st;
+    gs_stats_get(&st);
+    cr_assert_eq(GS_X_COUNT(atomic_load(&f.s->xstate)), 2, "the remote frees are not on the chain");
+    cr_assert_eq(f.s->where, GS_IN_PARKED);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        for (int i = 0; i < PK_BLOCKS; i++)
+            free(f.t.p[i]);
+        gs_stats_get(&st);
+        _exit(st.class_allocated[f.t.cls] == f.t.before ? 0 : 3);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status), "the fork child died (signal %d)",
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    cr_assert_eq(WEXITSTATUS(status), 0, "the child counted the medium blocks wrong");
+    pthread_barrier_wait(&f.done);
+    pthread_join(th, NULL);
+    pthread_barrier_destroy(&f.ready);
+    pthread_barrier_destroy(&f.done);
+    pk_free_all(&f.t);
+}
