@@ -549,8 +549,10 @@ static void put_exhausted(struct gs_heap *h, struct gs_slab *s)
    slow path, which counts it again (capacity - 1) and makes it partial
    (gsi_heap_slab_empty). A slow path per freed-into slab is little next
    to the pages of a medium block. Anything else that counts with `used`
-   unparks the slab first (unlink_owned, a sweep's settle). Other threads' frees into a full slab go to its remote
-   chain as into any owned slab; refill finding any (in its class's turn,
+   unparks the slab first (unlink_owned, a sweep's settle, which parks it
+   again if it reclaimed nothing: gsi_heap_slab_reclaimed).
+   Other threads' frees into a full slab go to its remote chain as into
+   any owned slab; refill finding any (in its class's turn,
    or in one full slab of another class, full_poll_other), or pending
    objects, means other threads free (or defer) what this heap allocates,
    and the heap goes back to releasing. */
