@@ -488,6 +488,15 @@ void gsi_heaps_foreach(void (*fn)(struct gs_heap *, void *), void *arg)
    pending a grace period it waits on the waiting list (oldest first);
    otherwise it is released, or kept on the partial list if remote frees
    arrived meanwhile. */
+/* A used-up medium slab on (or going onto) the full list: its count,
+   capacity, becomes the watch of 1 (see "Full slabs"). */
+static void park(struct gs_slab *s)
+{
+    GS_ASSERT(s->used == s->capacity && s->capacity > 1);
+    s->used = 1;
+    s->where = GS_IN_PARKED;
+}
+
 static void put_exhausted(struct gs_heap *h, struct gs_slab *s)
 {
     if (gsi_slab_has_pending(s)) {
@@ -502,13 +511,9 @@ static void put_exhausted(struct gs_heap *h, struct gs_slab *s)
            none never linked, the remote chain just found empty), so
            `used` == capacity, and a medium slab's watch of 1 stands for
            it (see "Full slabs"). */
-        if (s->cls >= GS_FIRST_MEDIUM_CLASS) {
-            GS_ASSERT(s->used == s->capacity && s->capacity > 1);
-            s->used = 1;
-            s->where = GS_IN_PARKED;
-        } else {
-            s->where = GS_IN_FULL;
-        }
+        s->where = GS_IN_FULL;
+        if (s->cls >= GS_FIRST_MEDIUM_CLASS)
+            park(s);
         list_append(&h->full[s->cls], s);
         return;
     }
@@ -822,8 +827,7 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
     /* The owner freed into a parked slab: the watch of 1 stood for its
        capacity (see "Full slabs"). */
     if (s->where == GS_IN_PARKED) {
-        gsi_heap_list_remove(&h->full[s->cls], s);
-        gsi_heap_slab_unpark(s); /* used 0: capacity - 1 */
+        unlink_owned(h, s); /* unparks: used 0 becomes capacity - 1 */
         make_partial(h, s);
         return;
     }
@@ -897,9 +901,7 @@ void gsi_heap_slab_reclaimed(struct gs_heap *h, struct gs_slab *s)
        on the fast path, unseen until refill's turn came to it. */
     if (s->where == GS_IN_FULL && s->cls >= GS_FIRST_MEDIUM_CLASS &&
         s->free_head == GS_LINK_END) {
-        GS_ASSERT(s->used == s->capacity);
-        s->used = 1;
-        s->where = GS_IN_PARKED;
+        park(s);
         return;
     }
     if ((s->where == GS_IN_WAITING || s->where == GS_IN_FULL) && s->free_head != GS_LINK_END) {

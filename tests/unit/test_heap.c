@@ -1545,6 +1545,40 @@ static void *kf_free_elsewhere(void *arg)
     return NULL;
 }
 
+/* Allocates blocks of `size` until refill has seen another thread's free
+   into a full slab and ended keep_full; returns them (count in *m), for
+   the caller to free with free_more(). */
+#define KF_MORE 200000
+
+static void **allocate_until_keep_full_ends(size_t size, size_t *m)
+{
+    struct gs_heap *h = gsi_tls_mine;
+    void **more = gst_raw_array(KF_MORE);
+    cr_assert_not_null(more);
+    *m = 0;
+    while (*m < KF_MORE && h->keep_full)
+        cr_assert_not_null(more[(*m)++] = malloc(size));
+    cr_assert(!h->keep_full, "still keeping full slabs after %zu allocations", *m);
+    return more;
+}
+
+static void free_more(void **more, size_t m)
+{
+    for (size_t j = 0; j < m; j++)
+        free(more[j]);
+    munmap(more, KF_MORE * sizeof(void *));
+}
+
+/* After the thread that allocated them exited: the slab of every block
+   still live is ownerless. */
+static void assert_slabs_ownerless(void *const *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            cr_assert_eq(GS_X_OWNER(atomic_load(&gsi_slab_of(p[i])->xstate)), 0,
+                         "block %zu: its slab is still owned after its thread exited", i);
+}
+
 /* Another thread's free into a full slab waits on its remote chain; the
    owner's refills look at the full slabs, find it, and the heap goes back
    to releasing its used-up slabs (none left on the full lists). */
@@ -1559,18 +1593,13 @@ Test(heap, remote_free_into_full_slab_ends_keep_full)
     run_thread(kf_free_elsewhere, &r);
     cr_assert_eq(GS_X_COUNT(atomic_load(&s->xstate)), 1, "the remote free is not on the chain");
     /* Allocate until refill has looked at every full slab. */
-    enum { MORE = 200000 };
-    void **more = gst_raw_array(MORE);
-    size_t m = 0;
-    while (m < MORE && h->keep_full)
-        cr_assert_not_null(more[m++] = malloc(KF_SIZE));
-    cr_assert(!h->keep_full, "still keeping full slabs after %zu allocations", m);
+    size_t m;
+    void **more = allocate_until_keep_full_ends(KF_SIZE, &m);
     size_t full = 0;
     for (unsigned c = 0; c < GS_NCLASSES; c++)
         full += h->full[c].count;
     cr_assert_eq(full, 0);
-    for (size_t j = 0; j < m; j++)
-        free(more[j]);
+    free_more(more, m);
     kf_free_all(&k);
 }
 
@@ -1589,10 +1618,7 @@ Test(heap, thread_exit_releases_full_slabs)
 {
     struct kf k;
     run_thread(kf_thread_exits_with_full_slabs, &k);
-    for (size_t i = 0; i < k.n; i++)
-        if (k.p[i])
-            cr_assert_eq(GS_X_OWNER(atomic_load(&gsi_slab_of(k.p[i])->xstate)), 0,
-                         "block %zu: its slab is still owned after its thread exited", i);
+    assert_slabs_ownerless(k.p, k.n);
     kf_free_all(&k);
 }
 
@@ -1714,33 +1740,21 @@ Test(heap, reclaim_into_parked_slab_counts_from_capacity)
     pk_free_all(&t);
 }
 
-static void *pk_free_elsewhere(void *arg)
-{
-    free(arg);
-    return NULL;
-}
-
 /* Another thread's free into a parked slab goes to its remote chain; the
    owner's refills find it, end keep_full and count the slab right. */
 Test(heap, remote_free_into_parked_slab)
 {
     struct pk t;
     struct gs_slab *s = pk_setup(&t);
-    struct gs_heap *h = gsi_tls_mine;
     int i = pk_block_in(&t, s);
-    run_thread(pk_free_elsewhere, t.p[i]);
+    struct kf_remote r = {t.p[i]};
     t.p[i] = NULL;
+    run_thread(kf_free_elsewhere, &r);
     cr_assert_eq(GS_X_COUNT(atomic_load(&s->xstate)), 1, "the remote free is not on the chain");
-    enum { MORE = 200000 };
-    void **more = gst_raw_array(MORE);
-    size_t m = 0;
-    while (m < MORE && h->keep_full)
-        cr_assert_not_null(more[m++] = malloc(PK_SIZE));
-    cr_assert(!h->keep_full, "still keeping full slabs after %zu allocations", m);
+    size_t m;
+    void **more = allocate_until_keep_full_ends(PK_SIZE, &m);
     cr_assert_neq(s->where, GS_IN_PARKED);
-    for (size_t j = 0; j < m; j++)
-        free(more[j]);
-    munmap(more, MORE * sizeof(void *));
+    free_more(more, m);
     pk_free_all(&t);
 }
 
@@ -1756,10 +1770,7 @@ Test(heap, thread_exit_releases_parked_slab)
 {
     struct pk t;
     run_thread(pk_thread_exits_with_parked_slab, &t);
-    for (int i = 0; i < PK_BLOCKS; i++)
-        if (t.p[i])
-            cr_assert_eq(GS_X_OWNER(atomic_load(&gsi_slab_of(t.p[i])->xstate)), 0,
-                         "medium block %d: its slab is still owned after its thread exited", i);
+    assert_slabs_ownerless(t.p, PK_BLOCKS);
     pk_free_all(&t);
 }
 
