@@ -1,7 +1,7 @@
 /*
  * The override layer: where every malloc-family call enters graceslab.
  *
- * Fast paths (19 instructions for malloc, 26 for free, returns included;
+ * Fast paths (19 instructions for malloc, 25 for free, returns included;
  * the unlikely cases in noinline slow functions):
  *   malloc: size -> the thread's active slab for it (heap->direct, up to
  *           32 KiB; a second size test above 1 KiB; the medium classes

@@ -55,11 +55,10 @@ static uint64_t last_purge_ns; /* time of the last purge pass */
 static size_t given_back;      /* bytes of dirty slots decommitted (under the lock) */
 static struct gs_slab_list ready[GS_NCLASSES]; /* READY slabs by class (next/prev) */
 
-/* The metadata of every unused slot: kind UNUSED, so a free into it is
-   reported, and an owner that never matches. Also what a zero fast-map
-   entry names. */
-struct gs_slab gsi_unused_slab = {.kind = GS_SLAB_UNUSED};
-_Atomic uintptr_t gsi_fastmap[(size_t)1 << GS_FASTMAP_BITS];
+/* All zero, so in .bss: the sentinel's kind is GS_SLAB_UNUSED (0) and
+   its owner key 0, and every entry names it. */
+struct gs_fastmap gsi_fastmap;
+_Static_assert(GS_SLAB_UNUSED == 0, "the fast map's sentinel is zero-initialised");
 
 #define ALL_SLABS (~(uint64_t)1) /* slots 1..63 */
 
@@ -111,7 +110,7 @@ static size_t fastmap_index(const struct gs_segment *seg, unsigned slot)
 static void fastmap_write(const struct gs_segment *seg, unsigned slot, const struct gs_slab *s)
 {
     uintptr_t off = s == &gsi_unused_slab ? 0 : (uintptr_t)s - (uintptr_t)&gsi_unused_slab;
-    atomic_store_explicit(&gsi_fastmap[fastmap_index(seg, slot)], off, memory_order_relaxed);
+    atomic_store_explicit(&gsi_fastmap.entry[fastmap_index(seg, slot)], off, memory_order_relaxed);
 }
 
 static void fastmap_mirror(struct gs_segment *seg, bool on)
