@@ -259,6 +259,25 @@ static inline bool gst_fatal_line_ok(const struct gst_child *c, const char *cons
     return true;
 }
 
+#ifdef CRITERION_H_
+/* fn, run in a child, reports the pointer it misuses (gst_child_report_ptr)
+   and must then abort by the bad-input policy, naming `call`, and saying
+   `what` if that is not NULL. */
+static inline void gst_assert_child_fatal(void (*fn)(void *), const char *call,
+                                          const char *what)
+{
+    struct gst_child c;
+    void *ptr;
+    char why[4300];
+    const char *calls[] = {call, NULL};
+    cr_assert(gst_run_child_ptr(fn, NULL, &c, &ptr), "fork failed");
+    cr_assert_not_null(ptr, "child did not report its pointer; stderr: \"%s\"", c.err);
+    cr_assert(gst_fatal_line_ok(&c, calls, ptr, why, sizeof why), "%s", why);
+    if (what)
+        cr_assert(strstr(c.err, what), "\"%s\" lacks \"%s\"", c.err, what);
+}
+#endif
+
 /* ------------------------------------------------ checks in children */
 
 /* Failure report usable in a child that must not allocate (or may have no

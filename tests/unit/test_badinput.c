@@ -30,13 +30,7 @@ static void *misused(void *p)
 
 static void expect_abort(void (*fn)(void *), const char *call)
 {
-    struct gst_child c;
-    void *ptr;
-    char why[4300];
-    const char *calls[] = {call, NULL};
-    cr_assert(gst_run_child_ptr(fn, NULL, &c, &ptr), "fork failed");
-    cr_assert_not_null(ptr, "child did not report its pointer; stderr: \"%s\"", c.err);
-    cr_assert(gst_fatal_line_ok(&c, calls, ptr, why, sizeof why), "%s", why);
+    gst_assert_child_fatal(fn, call, NULL);
 }
 
 /* ---------------------------------------------------------- double free */
