@@ -3,9 +3,9 @@
  * jemalloc, tcmalloc and mimalloc do), so that a C++ program's new and delete run
  * malloc's and free's fast paths in one call. Without them, new is
  * libstdc++'s operator new, which calls malloc through its PLT and tests
- * the result, and delete jumps twice on its way to free: 76 instructions
- * per new+delete of 64 bytes, 57 with these (callgrind; docs/design.md,
- * section 4).
+ * the result, and delete jumps twice on its way to free: 73 instructions
+ * per new+delete of 64 bytes, 54 with these (callgrind, bench/pair64_new;
+ * docs/design.md, section 4).
  *
  * Replaced: the throwing forms of new and new[], plain and aligned, and
  * every delete but the nothrow ones. libstdc++'s and libc++'s nothrow new
