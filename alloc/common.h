@@ -29,6 +29,26 @@
 #endif
 #define GS_CACHELINE   64
 
+/* ThreadSanitizer, under gcc (__SANITIZE_THREAD__) or clang (which defines
+   no macro for it, only __has_feature). */
+#if defined(__SANITIZE_THREAD__)
+#define GS_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define GS_TSAN 1
+#endif
+#endif
+#ifndef GS_TSAN
+#define GS_TSAN 0
+#endif
+/* The free fast path's asm (x86_64): not for x32, whose pointers are 32
+   bits, nor under ThreadSanitizer, which cannot see a read inside asm. */
+#if defined(__x86_64__) && defined(__LP64__) && !GS_TSAN
+#define GS_FAST_ASM 1
+#else
+#define GS_FAST_ASM 0
+#endif
+
 #ifndef GS_ASSERT_LEVEL
 #define GS_ASSERT_LEVEL 1
 #endif

@@ -601,7 +601,7 @@ GS_INLINE struct gs_slab *gsi_slab_hint(const void *p)
 {
     size_t i = ((uintptr_t)p >> GS_SLOT_SHIFT) & (((size_t)1 << GS_FASTMAP_BITS) - 1);
     uintptr_t s = (uintptr_t)&gsi_unused_slab;
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+#if GS_FAST_ASM
     /* Entry and base in one `add` with a memory operand: gcc and clang
        load a relaxed atomic into a register of its own first, one
        instruction more in free (26 -> 25). An aligned 8-byte load is
@@ -660,7 +660,7 @@ GS_INLINE uint16_t gsi_link_load(const struct gs_slab *s, size_t idx)
    which cannot see a read inside asm. */
 GS_INLINE bool gsi_link_allocated_own(const struct gs_slab *s, size_t idx)
 {
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+#if GS_FAST_ASM
     bool yes;
     __asm__ volatile("cmpw $-1, (%1,%2,2)"
                      : "=@ccz"(yes)
@@ -818,54 +818,6 @@ void gsi_large_atfork_child(void);
  * malloc.c: entry points; shared helpers.
  * --------------------------------------------------------------------- */
 void *gsi_malloc_aligned(size_t size, size_t align);
-/* malloc's and free's slow paths: everything the fast paths below do not
-   finish (call names the entry point in an abort message). */
-void *gsi_malloc_small_slow(size_t size);
-void *gsi_malloc_large(size_t size);
-void gsi_free_slow(void *p, const char *call);
-/* The fast paths, inlined into every entry point that allocates or frees
-   one block: malloc and free (malloc.c), C++'s new and delete (cxx.c).
-   malloc: the thread's active slab for the size (heap->direct up to
-   32 KiB, a second size test above 1 KiB), pop. 19 instructions. The
-   slow paths are parameters so that new passes its own, which end in
-   new's failure handling: its fast path then tests nothing more, and no
-   register has to be saved across a call on it. */
-GS_INLINE void *gsi_malloc_fast_or(size_t size, void *(*small_slow)(size_t),
-                                   void *(*large)(size_t))
-{
-    struct gs_slab *s;
-    if (GS_LIKELY(size <= 1024))
-        s = gsi_tls_heap->direct[(size + 15) >> 4];
-    else if (GS_LIKELY(size <= GS_DIRECT_MAX))
-        s = gsi_tls_heap->direct[GS_DIRECT_INDEX_ABOVE_1K(size)];
-    else
-        return large(size);
-    if (GS_LIKELY(s->free_head != GS_LINK_END))
-        return gsi_slab_pop(s);
-    return small_slow(size);
-}
-GS_INLINE void *gsi_malloc_fast(size_t size)
-{
-    return gsi_malloc_fast_or(size, gsi_malloc_small_slow, gsi_malloc_large);
-}
-/* free: fast-map entry -> slab (a hint, checked by all that follows), owner
-   key == thread pointer, exact index, link ALLOCATED, push, count down
-   (zero: the slab is empty, slow). 25 instructions. */
-GS_INLINE void gsi_free_fast(void *p, const char *call)
-{
-    struct gs_slab *s = gsi_slab_hint(p);
-    if (GS_LIKELY(atomic_load_explicit(&s->owner_key, memory_order_relaxed) == gsi_thread_key())) {
-        long idx = gsi_slab_index(s, p);
-        if (GS_LIKELY(idx >= 0 && gsi_link_allocated_own(s, (uint32_t)idx))) {
-            gsi_slab_push(s, (uint32_t)idx, p);
-            if (GS_LIKELY(--s->used != 0))
-                return;
-            gsi_heap_free_emptied(p, s);
-            return;
-        }
-    }
-    gsi_free_slow(p, call);
-}
 /* The OS refused memory: reclaim what can be reclaimed, say whether a retry
    is worth it (pending.c). */
 bool gsi_oom_reclaim(void);

@@ -5,7 +5,7 @@
  * the unlikely cases in noinline slow functions):
  *   malloc: size -> the thread's active slab for it (heap->direct, up to
  *           32 KiB; a second size test above 1 KiB; the medium classes
- *           above it in gsi_malloc_large, by computed class), pop
+ *           above it in malloc_large, by computed class), pop
  *           the local free list (out-of-band links), mark ALLOCATED; no
  *           count (the active slab is charged in advance, heap.c).
  *   free:   fast-map entry -> slab metadata (a hint: everything after
@@ -44,7 +44,7 @@ GS_INLINE void *alloc_class(struct gs_heap *h, unsigned cls, size_t size)
     return p;
 }
 
-GS_NOINLINE void *gsi_malloc_small_slow(size_t size)
+static GS_NOINLINE void *malloc_small_slow(size_t size)
 {
     return gsi_heap_alloc_slow(gsi_tls_heap, gsi_size_class(size), size);
 }
@@ -53,7 +53,7 @@ GS_NOINLINE void *gsi_malloc_small_slow(size_t size)
    class is computed rather than looked up, then large blocks. Safe before
    initialisation for the same reason as the fast path: a thread without
    a heap sees the empty heap, whose active slabs are all empty. */
-GS_NOINLINE void *gsi_malloc_large(size_t size)
+static GS_NOINLINE void *malloc_large(size_t size)
 {
     if (size <= GS_SMALL_MAX)
         return alloc_class(gsi_tls_heap, gsi_class_above_1k(size), size);
@@ -66,12 +66,34 @@ GS_NOINLINE void *gsi_malloc_large(size_t size)
 
 GS_EXPORT void *gs_malloc(size_t size)
 {
-    return gsi_malloc_fast(size);
+    struct gs_slab *s;
+    if (GS_LIKELY(size <= 1024))
+        s = gsi_tls_heap->direct[(size + 15) >> 4];
+    else if (GS_LIKELY(size <= GS_DIRECT_MAX))
+        s = gsi_tls_heap->direct[GS_DIRECT_INDEX_ABOVE_1K(size)];
+    else
+        return malloc_large(size);
+    if (GS_LIKELY(s->free_head != GS_LINK_END))
+        return gsi_slab_pop(s);
+    return malloc_small_slow(size);
 }
+
+static GS_NOINLINE void free_slow(void *p, const char *call);
 
 GS_EXPORT void gs_free(void *p)
 {
-    gsi_free_fast(p, "free");
+    struct gs_slab *s = gsi_slab_hint(p);
+    if (GS_LIKELY(atomic_load_explicit(&s->owner_key, memory_order_relaxed) == gsi_thread_key())) {
+        long idx = gsi_slab_index(s, p);
+        if (GS_LIKELY(idx >= 0 && gsi_link_allocated_own(s, (uint32_t)idx))) {
+            gsi_slab_push(s, (uint32_t)idx, p);
+            if (GS_LIKELY(--s->used != 0))
+                return;
+            gsi_heap_free_emptied(p, s);
+            return;
+        }
+    }
+    free_slow(p, "free");
 }
 
 /* ------------------------------------------------------------ slow paths */
@@ -84,7 +106,7 @@ static struct gs_large *large_block(const void *p, const char *call)
     return b;
 }
 
-GS_NOINLINE void gsi_free_slow(void *p, const char *call)
+static GS_NOINLINE void free_slow(void *p, const char *call)
 {
     if (!p)
         return;
@@ -233,7 +255,7 @@ GS_EXPORT void *gs_realloc(void *p, size_t size)
     if (!p)
         return gs_malloc(size);
     if (size == 0) {
-        gsi_free_slow(p, "realloc");
+        free_slow(p, "realloc");
         return NULL;
     }
     size_t usable;
@@ -303,7 +325,7 @@ GS_EXPORT void *gs_realloc(void *p, size_t size)
     GS_VG_QUIET_BEGIN();
     memcpy(q, p, size < usable ? size : usable);
     GS_VG_QUIET_END();
-    gsi_free_slow(p, "realloc");
+    free_slow(p, "realloc");
     return q;
 }
 

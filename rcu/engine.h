@@ -29,16 +29,7 @@
 /* ThreadSanitizer does not see the ordering membarrier(2) gives the
    compiler-barrier read side, so TSan builds always use the fence read side
    (chosen once, in gsi_rcu_init(); no #if in the read side itself). */
-#if defined(__SANITIZE_THREAD__)
-#define GS_RCU_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define GS_RCU_TSAN 1
-#endif
-#endif
-#ifndef GS_RCU_TSAN
-#define GS_RCU_TSAN 0
-#endif
+#define GS_RCU_TSAN GS_TSAN
 
 /* One per thread, in initial-exec TLS (so the record of a live thread never
  * moves and taking its address never calls the dynamic loader). Linked into
