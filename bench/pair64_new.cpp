@@ -1,8 +1,9 @@
 /*
  * pair64_new: pair64 with C++'s new and delete of a 64-byte object, for
  * callgrind: what C++ code pays per allocation under each allocator.
- * libstdc++'s operator new calls malloc; graceslab, jemalloc, tcmalloc and
- * mimalloc replace operator new and delete themselves.
+ * libstdc++'s operator new calls malloc; jemalloc, tcmalloc and mimalloc
+ * replace operator new and delete themselves, graceslab does not
+ * (docs/design.md, section 4).
  *   iters=1000000   loop count
  * bench/run reports (Ir(N2) - Ir(N1)) / (N2 - N1), as for pair64. No
  * bench/common.h (C only): the one argument is parsed here.
