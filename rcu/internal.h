@@ -76,8 +76,10 @@ bool gsi_gp_wait_or_expedite(uint64_t cookie);
    Bounded, because the caller's section may hold a lock that a reader
    this grace period waits for wants; and after a time-out the thread does
    not wait for the same grace period again, nor at all for 100 ms. Drives
-   the grace period itself between 1 ms sleeps. Outside a section it
-   returns gsi_gp_done(cookie) without waiting. Keeps errno. */
+   the grace period itself between 1 ms sleeps. When the grace period it
+   needs waits for the caller, it yields the CPU once (sched_yield), so
+   that a reader preempted inside its section can leave. Outside a section
+   it returns gsi_gp_done(cookie) without waiting. Keeps errno. */
 bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns);
 
 /* The allocator's exit destructor calls this on the exiting thread: from
