@@ -366,8 +366,9 @@ bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns)
            pending threshold, allocating inside sections) went on
            allocating through that reader's whole time slice: 4 writers of
            64 KiB blocks on 2 CPUs peaked at 190 to 390 MiB pending. Giving
-           up the CPU once lets such a reader run and leave: 22 to 50 MiB,
-           at the same rate (pending_membound, medium blocks; docs/rcu.md). */
+           up the CPU once lets such a reader run and leave: mostly 19 to
+           53 MiB, at the same rate (pending_membound, medium blocks;
+           docs/rcu.md). */
         sched_yield();
         return false;
     }
