@@ -511,9 +511,10 @@ static void put_exhausted(struct gs_heap *h, struct gs_slab *s)
            none never linked, the remote chain just found empty), so
            `used` == capacity, and a medium slab's watch of 1 stands for
            it (see "Full slabs"). */
-        s->where = GS_IN_FULL;
         if (s->cls >= GS_FIRST_MEDIUM_CLASS)
             park(s);
+        else
+            s->where = GS_IN_FULL;
         list_append(&h->full[s->cls], s);
         return;
     }

@@ -109,7 +109,7 @@ static size_t fastmap_index(const struct gs_segment *seg, unsigned slot)
    the block reaches its freeing thread through the slab's owner. */
 static void fastmap_write(const struct gs_segment *seg, unsigned slot, const struct gs_slab *s)
 {
-    uintptr_t off = s == &gsi_unused_slab ? 0 : (uintptr_t)s - (uintptr_t)&gsi_unused_slab;
+    uintptr_t off = (uintptr_t)s - (uintptr_t)&gsi_unused_slab; /* 0: the sentinel */
     atomic_store_explicit(&gsi_fastmap.entry[fastmap_index(seg, slot)], off, memory_order_relaxed);
 }
 

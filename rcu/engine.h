@@ -26,11 +26,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* ThreadSanitizer does not see the ordering membarrier(2) gives the
-   compiler-barrier read side, so TSan builds always use the fence read side
-   (chosen once, in gsi_rcu_init(); no #if in the read side itself). */
-#define GS_RCU_TSAN GS_TSAN
-
 /* One per thread, in initial-exec TLS (so the record of a live thread never
  * moves and taking its address never calls the dynamic loader). Linked into
  * the registry on first use; unlinked when the thread exits or unregisters,

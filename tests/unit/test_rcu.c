@@ -84,9 +84,9 @@ Test(rcu, mode_matches_option)
     const char *f = getenv("GRACESLAB_RCU_FENCES");
     if (f && strcmp(f, "1") == 0)
         cr_assert(gsi_rcu_fences, "GRACESLAB_RCU_FENCES=1 must select the fence read side");
-    else if (!GS_RCU_TSAN)
+    else if (!GS_TSAN)
         cr_log_info("read side: %s", gsi_rcu_fences ? "fences" : "membarrier");
-    if (GS_RCU_TSAN)
+    if (GS_TSAN)
         cr_assert(gsi_rcu_fences, "TSan builds must use the fence read side");
 }
 
@@ -956,7 +956,7 @@ Test(rcu, fork_inside_anonymous_section)
     cr_assert_eq(atomic_load(&gsi_rcu_anon_readers), 0);
 }
 
-#if !GS_RCU_TSAN /* TSan tears its thread state down in the last round of
+#if !GS_TSAN /* TSan tears its thread state down in the last round of
                      key destructors: the last-round destructor below then
                      crashes inside TSan's runtime, before reaching ours. */
 /* The case whose thread only allocated needs graceslab's allocator in this
