@@ -757,7 +757,7 @@ got:
     return s;
 }
 
-void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size)
+void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size, bool *zeroed)
 {
     if (GS_UNLIKELY(h == &gsi_empty_heap)) {
         /* First allocation of this thread (or any allocation under
@@ -784,6 +784,8 @@ void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size)
         }
     }
     gsi_heap_decay(h, cls);
+    if (zeroed)
+        *zeroed = !gsi_valgrind && gsi_slab_next_is_zero(s);
     void *p = gsi_slab_pop_counted(s);
     GS_VG_ALLOC(p, size, 0);
     return p;

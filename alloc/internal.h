@@ -219,6 +219,14 @@ struct gs_slab {
     _Atomic uint64_t pending[GS_PENDING_CHAINS];
     /* Set (under orphan_lock[cls]) while on the orphan list. */
     bool orphaned;
+    /* Owner field, in the padding: objects [zero_from, capacity) hold
+       only zero bytes — never handed out since the slab was formatted on
+       memory without old bytes (gsi_slab_new) — so calloc need not clear
+       them. capacity when unknown. Kept exact for the medium classes only,
+       whose every hand-out goes through gsi_slab_pop_counted (dedicated
+       caches stop at 32 KiB); the small fast path pops without it, so
+       small slabs keep capacity. */
+    uint16_t zero_from;
     /* Id of the heap that released it last: written by that owner before
        its release CAS, read by the next owner after its acquire CAS (a
        heap that adopts back its own slabs keeps them: heap.c, "Full
@@ -226,6 +234,7 @@ struct gs_slab {
        at three lines. */
     uint32_t released_by;
 } __attribute__((aligned(64)));
+_Static_assert(sizeof(struct gs_slab) == 192, "three cache lines");
 
 /* GS_IN_PARKED: a medium slab on the full list whose `used` is a watch of
    1 (heap.c, "Full slabs"); its true count is its capacity. */
@@ -250,6 +259,9 @@ struct gs_segment {
     uint64_t free_slots;                 /* bit i: slot i unused */
     uint64_t dirty_slots;                /* bit i: unused but committed */
     uint64_t ready_slots;                /* bit i: part of a READY slab */
+    /* bit i: unused and not dirty, but its madvise failed (locked pages),
+       so it may still hold old bytes; a new slab there is not known zero. */
+    uint64_t stale_slots;
     /* The id of the heap whose new slabs come from here first (0: none;
        gsi_slab_new). A wholly unused segment and the segments of an
        abandoned heap have none. */
@@ -713,7 +725,15 @@ GS_INLINE void *gsi_slab_pop_counted(struct gs_slab *s)
     void *p = gsi_slab_pop(s);
     if (GS_UNLIKELY(s->decayed))
         gsi_decay_reused(s, idx);
+    if (idx >= s->zero_from)
+        s->zero_from = (uint16_t)(idx + 1); /* handed out: no longer known zero */
     return p;
+}
+/* Owner: whether the object gsi_slab_pop_counted() would pop next holds
+   only zero bytes (see zero_from). */
+GS_INLINE bool gsi_slab_next_is_zero(const struct gs_slab *s)
+{
+    return s->free_head != GS_LINK_END && s->free_head >= s->zero_from;
 }
 void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls);
 /* The active slab's advance charge: no run of frees reaches it (2^62). */
@@ -767,7 +787,9 @@ struct gs_heap *gsi_heap_get(void);   /* the calling thread's heap, created on d
 /* Owner: retires the empty slabs h keeps for reuse; returns their bytes. */
 size_t gsi_heap_trim(struct gs_heap *h);
 /* Slow path of malloc for a small class: refills and allocates. */
-void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size);
+/* zeroed (may be NULL): set to whether the block holds only zero bytes
+   (gsi_slab_next_is_zero; false under memcheck). */
+void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size, bool *zeroed);
 /* Owner frees into its own slab (fast path body, also used by slow paths). */
 void gsi_heap_free_local(struct gs_heap *h, struct gs_slab *s, uint32_t idx, const char *call);
 /* The owner's slab just became empty (used == 0). */

@@ -38,7 +38,7 @@ GS_INLINE void *alloc_class(struct gs_heap *h, unsigned cls, size_t size)
 {
     struct gs_slab *s = h->active[cls];
     if (GS_UNLIKELY(s->free_head == GS_LINK_END))
-        return gsi_heap_alloc_slow(h, cls, size);
+        return gsi_heap_alloc_slow(h, cls, size, NULL);
     void *p = gsi_slab_pop_counted(s);
     GS_VG_ALLOC(p, size, 0);
     return p;
@@ -46,7 +46,7 @@ GS_INLINE void *alloc_class(struct gs_heap *h, unsigned cls, size_t size)
 
 static GS_NOINLINE void *malloc_small_slow(size_t size)
 {
-    return gsi_heap_alloc_slow(gsi_tls_heap, gsi_size_class(size), size);
+    return gsi_heap_alloc_slow(gsi_tls_heap, gsi_size_class(size), size, NULL);
 }
 
 /* Above GS_DIRECT_MAX: the medium classes (up to GS_SMALL_MAX), whose
@@ -158,6 +158,31 @@ GS_EXPORT size_t gs_usable_size(const void *p)
     return usable;
 }
 
+/* A medium block (GS_DIRECT_MAX < size <= GS_SMALL_MAX) cleared unless its
+   slab knows it holds only zero bytes (struct gs_slab, zero_from): a block
+   never handed out since its slab was made on fresh or given-back slots.
+   Not clearing it also leaves its pages untouched, as a fresh mapping
+   leaves glibc's and jemalloc's (calloc of 3200 blocks of 64 KiB, three
+   rounds: 0.30 s and 204 MB peak RSS when every block was cleared). */
+static GS_NOINLINE void *calloc_medium(size_t size)
+{
+    struct gs_heap *h = gsi_tls_heap;
+    unsigned cls = gsi_class_above_1k(size);
+    struct gs_slab *s = h->active[cls];
+    bool zeroed;
+    void *p;
+    if (GS_UNLIKELY(s->free_head == GS_LINK_END)) {
+        p = gsi_heap_alloc_slow(h, cls, size, &zeroed);
+    } else {
+        zeroed = !gsi_valgrind && gsi_slab_next_is_zero(s);
+        p = gsi_slab_pop_counted(s);
+        GS_VG_ALLOC(p, size, 0);
+    }
+    if (GS_LIKELY(p) && !zeroed)
+        memset(p, 0, size);
+    return p;
+}
+
 GS_EXPORT void *gs_calloc(size_t n, size_t size)
 {
     size_t bytes;
@@ -167,6 +192,8 @@ GS_EXPORT void *gs_calloc(size_t n, size_t size)
     }
     if (bytes > GS_SMALL_MAX)
         return gsi_large_alloc(bytes, 16, true);
+    if (bytes > GS_DIRECT_MAX)
+        return calloc_medium(bytes);
     void *p = gs_malloc(bytes);
     if (GS_LIKELY(p))
         memset(p, 0, bytes);

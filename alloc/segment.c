@@ -328,6 +328,7 @@ static struct gs_segment *segment_new_locked(void)
     seg->seq = segments_made++;
     seg->free_slots = ALL_SLABS;
     seg->dirty_slots = 0;
+    seg->stale_slots = 0;
     for (unsigned i = 0; i < GS_SLOTS; i++)
         seg->slot_slab[i] = &gsi_unused_slab;
     fastmap_join(seg);
@@ -394,7 +395,14 @@ static void decommit_bridged_locked(struct gs_segment *seg, uint64_t mask)
     unready_locked(seg, mask);
     seg->dirty_slots &= ~mask;
     room_update_locked(seg);
-    gsi_os_decommit((char *)seg + (size_t)lo * GS_SLOT_SIZE, (size_t)(hi - lo + 1) * GS_SLOT_SIZE);
+    /* The slots' bytes are zero now, unless madvise failed (mlock'd
+       pages): then they are still there, and calloc must not count on a
+       new slab's zero bytes (gsi_slab_new). */
+    if (gsi_os_decommit((char *)seg + (size_t)lo * GS_SLOT_SIZE,
+                        (size_t)(hi - lo + 1) * GS_SLOT_SIZE))
+        seg->stale_slots &= ~span;
+    else
+        seg->stale_slots |= mask;
     size_t bytes = (size_t)__builtin_popcountll(mask) * GS_SLOT_SIZE;
     __atomic_store_n(&dirty_bytes, dirty_bytes - bytes, __ATOMIC_RELAXED);
     given_back += bytes;
@@ -696,6 +704,9 @@ struct gs_slab *gsi_slab_new(unsigned cls, bool populate, uint32_t affinity)
                            ? mask & ~found->dirty_slots
                            : 0;
     size_t dirty = (size_t)__builtin_popcountll(found->dirty_slots & mask);
+    /* Slots neither dirty nor stale hold only zero bytes: never used since
+       the segment was mapped, or given back (MADV_DONTNEED). */
+    bool zero = !((found->dirty_slots | found->stale_slots) & mask);
     __atomic_store_n(&dirty_bytes, dirty_bytes - dirty * GS_SLOT_SIZE, __ATOMIC_RELAXED);
     found->free_slots &= ~mask;
     found->dirty_slots &= ~mask;
@@ -703,6 +714,8 @@ struct gs_slab *gsi_slab_new(unsigned cls, bool populate, uint32_t affinity)
     __atomic_store_n(&slab_bytes, slab_bytes + (size_t)span * GS_SLOT_SIZE, __ATOMIC_RELAXED);
     struct gs_slab *s = &found->slabs[first];
     gsi_slab_format(s, (char *)found + (size_t)first * GS_SLOT_SIZE, cls);
+    if (zero && cls >= GS_FIRST_MEDIUM_CLASS)
+        s->zero_from = 0; /* see struct gs_slab */
     s->kind = GS_SLAB_SMALL;
     for (unsigned i = 0; i < span; i++)
         set_slot_locked(found, (unsigned)first + i, s);

@@ -68,6 +68,7 @@ void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
     s->wait_cookie = 0;
     s->released_by = 0;
     s->orphaned = false;
+    s->zero_from = (uint16_t)ci->capacity; /* gsi_slab_new knows better */
     /* Objects not linked yet: their links may hold whatever the slots held
        before (another class's objects, with any bytes, 0xFFFF included;
        in the header, the links of the slot's previous slab),

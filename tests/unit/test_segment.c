@@ -8,6 +8,7 @@
 #include "alloc/internal.h"
 #include "../common.h"
 
+#include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -315,6 +316,79 @@ Test(segment, retired_slab_reused_as_is)
     gsi_slab_retire(v);
     for (int i = 0; i < n; i++)
         gsi_slab_retire(others[i]);
+}
+
+/* calloc's zero bytes (struct gs_slab, zero_from): a new medium slab knows
+   its objects are zero only on slots that hold no old bytes — never used,
+   or given back — not on committed slots another slab left, nor on slots
+   whose madvise failed (locked pages). A small class never claims it (its
+   fast path pops without the mark). */
+Test(segment, new_slab_knows_zero_only_on_clean_slots)
+{
+    unsigned cls = gsi_size_class(100000), other = gsi_size_class(95000);
+    cr_assert_geq(cls, GS_FIRST_MEDIUM_CLASS);
+    cr_assert_eq(gsi_classes[cls].span, gsi_classes[other].span,
+                 "the test wants one class to take the other's slots");
+    struct gs_slab *s = gsi_slab_new(cls, false, 0);
+    cr_assert_not_null(s);
+    cr_assert_eq(s->zero_from, 0, "a slab on fresh slots is not known zero");
+    /* A small slab in the same segment, kept to the end: the purges below
+       would otherwise unmap the segment, locked pages and all. */
+    struct gs_slab *small[64];
+    int nsmall = 0;
+    do {
+        small[nsmall] = gsi_slab_new(gsi_size_class(64), false, 0);
+        cr_assert_eq(small[nsmall]->zero_from, small[nsmall]->capacity,
+                     "a small slab claims zero bytes");
+    } while (segment_of(small[nsmall++]->start) != segment_of(s->start) && nsmall < 64);
+    cr_assert_eq(segment_of(small[nsmall - 1]->start), segment_of(s->start));
+
+    /* Committed slots of another class's slab: old bytes. */
+    char *start = s->start;
+    gsi_slab_retire(s);
+    struct gs_slab *t = NULL, *taken[64];
+    int n = 0;
+    while (n < 64 && (t = gsi_slab_new(other, false, 0))->start != start)
+        taken[n++] = t;
+    cr_assert_eq(t->start, start, "no slab of the other class took the committed slots");
+    cr_assert_eq(t->zero_from, t->capacity, "a slab on committed slots is known zero");
+
+    /* Given back: zero again. */
+    gsi_slab_retire(t);
+    gsi_segments_purge(true);
+    struct gs_slab *u = NULL;
+    while (n < 64 && (u = gsi_slab_new(other, false, 0))->start != start)
+        taken[n++] = u;
+    cr_assert_eq(u->start, start);
+    cr_assert_eq(u->zero_from, 0, "a slab on given-back slots is not known zero");
+
+    /* Locked pages: the madvise fails and the bytes stay. */
+    size_t len = (size_t)u->span * GS_SLOT_SIZE;
+    memset(start, 0x5A, len);
+    gsi_slab_retire(u);
+    if (mlock(start, len) != 0)
+        cr_assert_fail("mlock of %zu bytes: %s (RLIMIT_MEMLOCK?)", len, strerror(errno));
+    gsi_segments_purge(true);
+    cr_assert_eq((unsigned char)start[len - 1], 0x5A, "madvise gave locked pages back");
+    struct gs_slab *v = NULL;
+    while (n < 64 && (v = gsi_slab_new(other, false, 0))->start != start)
+        taken[n++] = v;
+    cr_assert_eq(v->start, start);
+    cr_assert_eq(v->zero_from, v->capacity, "a slab on slots whose madvise failed is known zero");
+    munlock(start, len);
+
+    /* Given back for good this time: the mark clears. */
+    gsi_slab_retire(v);
+    gsi_segments_purge(true);
+    struct gs_slab *w = NULL;
+    while (n < 64 && (w = gsi_slab_new(other, false, 0))->start != start)
+        taken[n++] = w;
+    cr_assert_eq(w->zero_from, 0, "given back after a failed madvise, still not known zero");
+    gsi_slab_retire(w);
+    for (int i = 0; i < n; i++)
+        gsi_slab_retire(taken[i]);
+    for (int i = 0; i < nsmall; i++)
+        gsi_slab_retire(small[i]);
 }
 
 /* A purge decommits only slots empty for the purge delay. A slot whose
