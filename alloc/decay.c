@@ -127,7 +127,7 @@ static size_t decay_slab_now(struct gs_slab *s, uint32_t pass)
 }
 
 /* Visits every medium slab of h that may have objects on its local free
-   list: active, partial, and waiting (whose pending objects wait for a
+   list: active, partial, kept, and waiting (whose pending objects wait for a
    grace period, and which may have free ones too). Returns the bytes
    decommitted. */
 static size_t visit_medium_slabs(struct gs_heap *h, size_t (*visit)(struct gs_slab *, uint32_t),
@@ -138,6 +138,8 @@ static size_t visit_medium_slabs(struct gs_heap *h, size_t (*visit)(struct gs_sl
         if (h->active[c] != &gsi_empty_slab)
             bytes += visit(h->active[c], pass);
         for (struct gs_slab *s = h->partial[c].first; s; s = s->next)
+            bytes += visit(s, pass);
+        for (struct gs_slab *s = h->kept[c].first; s; s = s->next)
             bytes += visit(s, pass);
         for (struct gs_slab *s = h->waiting[c].first; s; s = s->next)
             bytes += visit(s, pass);

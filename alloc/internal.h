@@ -239,7 +239,8 @@ _Static_assert(sizeof(struct gs_slab) == 192, "three cache lines");
 /* GS_IN_PARKED: a medium slab on the full list whose `used` is a watch of
    1 (heap.c, "Full slabs"); its true count is its capacity. */
 enum gs_slab_where {
-    GS_IN_NONE = 0, GS_IN_ACTIVE, GS_IN_PARTIAL, GS_IN_WAITING, GS_IN_FULL, GS_IN_PARKED
+    GS_IN_NONE = 0, GS_IN_ACTIVE, GS_IN_PARTIAL, GS_IN_WAITING, GS_IN_FULL, GS_IN_PARKED,
+    GS_IN_KEPT
 };
 
 /*
@@ -329,6 +330,11 @@ struct gs_heap {
     bool live;                                 /* has a thread (heap_lock) */
     bool lost;                                 /* fork child: abandoned, thread gone */
     struct gs_slab_list partial[GS_NCLASSES];  /* owned, with free objects */
+    /* Owned and empty, kept for reuse (kept_empty; refilled from after
+       partial: partly used slabs first). Apart from partial so that the
+       partial slab looked at longest ago is the list's last (heap.c,
+       poll_partial). */
+    struct gs_slab_list kept[GS_NCLASSES];
     struct gs_slab_list waiting[GS_NCLASSES];  /* owned, pending objects only */
     /* Used-up slabs kept owned instead of released, while keep_full (heap.c,
        "Full slabs"): nothing free as far as the owner knows. */
