@@ -600,7 +600,7 @@ static void assert_all_zero(const unsigned char *p, size_t size)
             cr_assert_fail("calloc(1, %zu): byte %zu is %#x", size, b, p[b]);
 }
 
-/* A medium block (36 KiB to 256 KiB) never handed out since its slab was
+/* A medium block (above 32 KiB, up to 256 KiB) never handed out since its slab was
    made on fresh slots is zero already: calloc leaves its pages untouched,
    as glibc and jemalloc leave a fresh mapping's. Blocks handed out before
    are cleared. (Under memcheck every block is cleared.) */
