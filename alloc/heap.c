@@ -687,10 +687,10 @@ static void keep_full_stop(struct gs_heap *h)
    allocator mapped new slabs (one producer, two consumers: 1.5 GB in 8 s
    for at most 1 MB live; a stress helper's case, thirtieth session). So
    each takeover also looks at the partial slab of the class looked at
-   longest ago: the list's last, moved to the front. Its remote frees are collected,
-   and if that empties it, it goes as any emptied slab. Takeovers come at
-   the rate the heap frees through slabs, so each slab is looked at in
-   turn. */
+   longest ago: the list's last, moved to the front. Its remote frees are
+   collected, and if that empties it, it goes as any emptied slab.
+   Takeovers come at the rate the heap frees through slabs, so each slab
+   is looked at in turn. */
 static void poll_partial(struct gs_heap *h, unsigned cls)
 {
     struct gs_slab *t = h->partial[cls].last;
@@ -700,6 +700,20 @@ static void poll_partial(struct gs_heap *h, unsigned cls)
     gsi_heap_list_push(&h->partial[cls], t);
     if (gsi_slab_collect(t) && t->used == 0)
         gsi_heap_slab_empty(h, t);
+}
+
+/* The first slab of l that can be refilled, taken off it; the others
+   before it go where used-up slabs go. */
+static struct gs_slab *refill_from(struct gs_heap *h, struct gs_slab_list *l)
+{
+    struct gs_slab *s;
+    while ((s = l->first)) {
+        unlink_owned(h, s);
+        if (slab_refill(s))
+            return s;
+        put_exhausted(h, s);
+    }
+    return NULL;
 }
 
 static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
@@ -725,18 +739,8 @@ static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
        partial (with those frees still on their chains) pile up behind the
        ones this heap's own takeovers and frees push there. */
     poll_partial(h, cls);
-    while ((s = h->partial[cls].first)) {
-        unlink_owned(h, s);
-        if (slab_refill(s))
-            goto got;
-        put_exhausted(h, s);
-    }
-    while ((s = h->kept[cls].first)) {
-        unlink_owned(h, s);
-        if (slab_refill(s))
-            goto got;
-        put_exhausted(h, s);
-    }
+    if ((s = refill_from(h, &h->partial[cls])) || (s = refill_from(h, &h->kept[cls])))
+        goto got;
     if (h->full[cls].first && (s = full_poll(h, cls, GS_FULL_POLL)))
         goto got;
     if (h->keep_full)
@@ -829,7 +833,7 @@ void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size, bool *ze
     }
     gsi_heap_decay(h, cls);
     if (zeroed)
-        *zeroed = !gsi_valgrind && gsi_slab_next_is_zero(s);
+        *zeroed = gsi_slab_next_is_zero(s);
     void *p = gsi_slab_pop_counted(s);
     GS_VG_ALLOC(p, size, 0);
     return p;

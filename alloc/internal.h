@@ -736,10 +736,11 @@ GS_INLINE void *gsi_slab_pop_counted(struct gs_slab *s)
     return p;
 }
 /* Owner: whether the object gsi_slab_pop_counted() would pop next holds
-   only zero bytes (see zero_from). */
+   only zero bytes (see zero_from). Never under memcheck, which then sees
+   calloc clear the block and so knows its bytes defined. */
 GS_INLINE bool gsi_slab_next_is_zero(const struct gs_slab *s)
 {
-    return s->free_head != GS_LINK_END && s->free_head >= s->zero_from;
+    return !gsi_valgrind && s->free_head != GS_LINK_END && s->free_head >= s->zero_from;
 }
 void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls);
 /* The active slab's advance charge: no run of frees reaches it (2^62). */
@@ -794,7 +795,7 @@ struct gs_heap *gsi_heap_get(void);   /* the calling thread's heap, created on d
 size_t gsi_heap_trim(struct gs_heap *h);
 /* Slow path of malloc for a small class: refills and allocates. */
 /* zeroed (may be NULL): set to whether the block holds only zero bytes
-   (gsi_slab_next_is_zero; false under memcheck). */
+   (gsi_slab_next_is_zero). */
 void *gsi_heap_alloc_slow(struct gs_heap *h, unsigned cls, size_t size, bool *zeroed);
 /* Owner frees into its own slab (fast path body, also used by slow paths). */
 void gsi_heap_free_local(struct gs_heap *h, struct gs_slab *s, uint32_t idx, const char *call);

@@ -600,10 +600,22 @@ static void assert_all_zero(const unsigned char *p, size_t size)
             cr_assert_fail("calloc(1, %zu): byte %zu is %#x", size, b, p[b]);
 }
 
-/* A medium block (above 32 KiB, up to 256 KiB) never handed out since its slab was
-   made on fresh slots is zero already: calloc leaves its pages untouched,
-   as glibc and jemalloc leave a fresh mapping's. Blocks handed out before
-   are cleared. (Under memcheck every block is cleared.) */
+/* n blocks of calloc(1, size), each checked all zero, then freed. */
+static void calloc_all_zero(unsigned char **p, int n, size_t size)
+{
+    for (int k = 0; k < n; k++) {
+        p[k] = calloc(1, size);
+        cr_assert_not_null(p[k]);
+        assert_all_zero(p[k], size);
+    }
+    for (int k = 0; k < n; k++)
+        free(p[k]);
+}
+
+/* A medium block (above 32 KiB, up to 256 KiB) never handed out since its
+   slab was made on fresh slots is zero already: calloc leaves its pages
+   untouched, as glibc and jemalloc leave a fresh mapping's. Blocks handed
+   out before are cleared. (Under memcheck every block is cleared.) */
 Test(malloc, calloc_leaves_fresh_medium_blocks_untouched)
 {
     enum { N = 8, SIZE = 100000 };
@@ -619,13 +631,7 @@ Test(malloc, calloc_leaves_fresh_medium_blocks_untouched)
     }
     for (int k = 0; k < N; k++)
         free(p[k]);
-    for (int k = 0; k < N; k++) {
-        p[k] = calloc(1, SIZE);
-        cr_assert_not_null(p[k]);
-        assert_all_zero(p[k], SIZE);
-    }
-    for (int k = 0; k < N; k++)
-        free(p[k]);
+    calloc_all_zero(p, N, SIZE);
 }
 
 Test(malloc, calloc_zeroes_reused_memory)
@@ -642,13 +648,7 @@ Test(malloc, calloc_zeroes_reused_memory)
         }
         for (int k = 0; k < N; k++)
             free(p[k]);
-        for (int k = 0; k < N; k++) {
-            p[k] = calloc(1, size);
-            cr_assert_not_null(p[k]);
-            assert_all_zero(p[k], size);
-        }
-        for (int k = 0; k < N; k++)
-            free(p[k]);
+        calloc_all_zero(p, N, size);
     }
     void *z = calloc(0, 10);
     cr_assert_not_null(z);
