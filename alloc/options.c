@@ -80,7 +80,9 @@ static bool parse_long(const char *s, long *out)
    cap them so that no product wraps (2^44 MiB would be a 0-byte limit). */
 #define OPTION_MAX ((long)1 << 40)
 
-static void options_parse(void)
+/* Out of line: inlined, it made gsi_option() save six registers on every
+   call (21 instructions instead of 7). */
+static GS_COLD void options_parse(void)
 {
     /* A set-user-ID or set-group-ID program (AT_SECURE) takes no options
        from its unprivileged caller: fault injection and the statistics
