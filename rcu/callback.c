@@ -247,26 +247,21 @@ static void *lazy_main(void *arg)
     return NULL;
 }
 
-/* Starts the lazy thread if needed. When it cannot be created (out of
-   memory, thread limits): fatal for callers whose callbacks could never run
-   otherwise, a no-op for the allocator's reclaim request (the allocator
-   reclaims on its own slow paths too, and asks again later). */
-static void ensure_thread(bool fatal)
+/* Creates the lazy thread if no other caller is doing so. Returns false
+   when another caller was elected first (the caller looks again), true
+   otherwise: the thread runs, or its creation failed and was undone. */
+static bool create_thread(bool fatal)
 {
-    /* Acquire: pairs with the release store below (the thread exists). */
-    if (GS_LIKELY(atomic_load_explicit(&cb_thread_state, memory_order_acquire) == THREAD_RUNNING))
-        return;
     /* Before the state leaves THREAD_NONE: init registers the fork
        handlers, and a fork between the CAS below and that registration
        left the child with THREAD_STARTING and no handler to reset it (no
        lazy thread ever again: callbacks never ran, gs_rcu_barrier hung). */
     gsi_rcu_init();
     int expected = THREAD_NONE;
-    /* Relaxed CAS: elects one creator; the others return (the queue keeps
-       their callbacks, and the new thread checks it first). */
+    /* Relaxed CAS: elects one creator; the others look again. */
     if (!atomic_compare_exchange_strong_explicit(&cb_thread_state, &expected, THREAD_STARTING,
                                                  memory_order_relaxed, memory_order_relaxed))
-        return;
+        return false;
     /* The thread must not take the process's signals. */
     sigset_t all, old;
     sigfillset(&all);
@@ -281,12 +276,42 @@ static void ensure_thread(bool fatal)
     if (err != 0) {
         if (fatal)
             gsi_fatal_msg("gs_call_rcu", "cannot create the RCU callback thread");
-        /* Relaxed: back to "no thread"; a later request tries again. */
-        atomic_store_explicit(&cb_thread_state, THREAD_NONE, memory_order_relaxed);
-        return;
+        /* Release: back to "no thread"; pairs with the acquire load of a
+           fatal caller waiting in ensure_thread, which then tries itself
+           (nothing else to order: the store only hands the election on). */
+        atomic_store_explicit(&cb_thread_state, THREAD_NONE, memory_order_release);
+        return true;
     }
-    /* Release: pairs with the acquire above. */
+    /* Release: pairs with the acquire load in ensure_thread. */
     atomic_store_explicit(&cb_thread_state, THREAD_RUNNING, memory_order_release);
+    return true;
+}
+
+/* Starts the lazy thread if needed. When it cannot be created (out of
+   memory, thread limits): fatal for callers whose callbacks could never run
+   otherwise, a no-op for the allocator's reclaim request (the allocator
+   reclaims on its own slow paths too, and asks again later). A fatal caller
+   that finds another caller creating the thread waits for the outcome: had
+   it returned, and the creation failed for a non-fatal creator, its
+   callbacks would wait with no thread to run them (gs_rcu_barrier hung for
+   good; found by a stress helper with RLIMIT_AS too small for a stack). */
+static void ensure_thread(bool fatal)
+{
+    for (;;) {
+        /* Acquire: pairs with the release stores below (the thread exists,
+           or a failed creator gave up). */
+        int state = atomic_load_explicit(&cb_thread_state, memory_order_acquire);
+        if (GS_LIKELY(state == THREAD_RUNNING))
+            return;
+        if (state == THREAD_STARTING) {
+            if (!fatal)
+                return; /* the queue keeps the request; the creator runs it */
+            sched_yield();
+            continue;
+        }
+        if (create_thread(fatal))
+            return;
+    }
 }
 
 static void enqueue(struct gs_rcu_head *h, void (*fn)(struct gs_rcu_head *), bool hurry)

@@ -669,6 +669,49 @@ Test(rcu, misuse_aborts_with_clear_line)
                  "graceslab: pthread_exit(): thread exited inside an RCU read-side critical section\n");
 }
 
+/* No thread can be created (every default stack is 1 TiB): a thread whose
+   deferrals ask for the lazy thread (a request that may fail quietly)
+   races gs_call_rcu, which must abort rather than return with no thread to
+   run its callback. It used to return when it found the quiet request's
+   creation under way, which then failed: gs_rcu_barrier waited for good
+   (9 hangs in 10 runs; a stress helper's case). */
+static atomic_bool deferrer_stop;
+static void *deferrer(void *arg)
+{
+    (void)arg;
+    while (!atomic_load_explicit(&deferrer_stop, memory_order_relaxed)) {
+        void *p = malloc(5000);
+        if (p)
+            gs_free_rcu(p);
+    }
+    return NULL;
+}
+
+static void call_rcu_with_no_thread_possible(void)
+{
+    pthread_attr_t huge, small;
+    pthread_attr_init(&huge);
+    pthread_attr_setstacksize(&huge, (size_t)1 << 40);
+    if (pthread_setattr_default_np(&huge) != 0)
+        _exit(3);
+    pthread_attr_init(&small);
+    pthread_attr_setstacksize(&small, 256 << 10);
+    pthread_t t;
+    if (pthread_create(&t, &small, deferrer, NULL) != 0)
+        _exit(4);
+    usleep(20000);
+    static struct gs_rcu_head head;
+    gs_call_rcu(&head, count_cb);
+    gs_rcu_barrier(); /* hangs if gs_call_rcu returned with no thread */
+}
+
+Test(rcu, call_rcu_aborts_when_no_thread_can_start, .timeout = 200)
+{
+    for (int i = 0; i < 5; i++)
+        expect_abort(call_rcu_with_no_thread_possible,
+                     "graceslab: gs_call_rcu(): cannot create the RCU callback thread\n");
+}
+
 Test(rcu, register_unregister)
 {
     gs_rcu_register_thread();
