@@ -46,6 +46,7 @@ static struct gsi_rcu_reader *registry_head;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static atomic_bool init_done; /* set last by init_once_fn() */
 static pthread_key_t exit_key;
+static atomic_bool exit_key_made; /* by make_exit_key_at_load() */
 
 /* Signals. A signal handler may enter a read-side critical section, and
    on a thread that is not registered that links its record. Unregistration,
@@ -198,7 +199,8 @@ static void init_once_fn(void)
        side (chosen here, once; no #if in the read side itself). */
     gsi_rcu_fences = GS_TSAN || gsi_option(GSI_OPT_RCU_FENCES) != 0 ||
                      !membarrier_register();
-    if (pthread_key_create(&exit_key, thread_exit) != 0)
+    if (!atomic_load_explicit(&exit_key_made, memory_order_acquire) &&
+        pthread_key_create(&exit_key, thread_exit) != 0)
         gsi_fatal_msg("gs_rcu_register_thread", "pthread_key_create failed");
     /* Release: pairs with the acquire load in gsi_rcu_init(); a thread that
        sees the flag sees the mode and the key. */
@@ -214,6 +216,23 @@ void gsi_rcu_init(void)
     gsi_rcu_signals_block(&saved);
     pthread_once(&init_once, init_once_fn);
     gsi_rcu_signals_restore(&saved);
+}
+
+/* The exit key is made at load time, not at the first use: a thread's
+   first read lock arms it with pthread_setspecific(), which allocates
+   (calloc, for the thread's second-level key block) when the key is the
+   33rd or later. Made at the first use, the key came after every key the
+   program had made by then, and a first read lock in a signal handler
+   re-entered the malloc it had interrupted (double frees, overwritten
+   blocks: a stress helper's program with 40 keys). At load, only keys that
+   libraries loaded earlier made in their constructors come before it. The
+   rest of the initialisation stays at the first use (no membarrier(2)
+   registration in programs that never use the engine). */
+__attribute__((constructor)) static void make_exit_key_at_load(void)
+{
+    /* Release: pairs with the acquire load in init_once_fn(). */
+    if (pthread_key_create(&exit_key, thread_exit) == 0)
+        atomic_store_explicit(&exit_key_made, true, memory_order_release);
 }
 
 bool gsi_rcu_register_slow(bool wait)
@@ -246,8 +265,9 @@ bool gsi_rcu_register_slow(bool wait)
     if (linked)
         link_locked(r);
     pthread_mutex_unlock(&registry_mutex);
-    /* Arms thread_exit(). Keys below PTHREAD_KEY_2NDLEVEL_SIZE use the
-       thread descriptor's inline array: no allocation. A handler that runs
+    /* Arms thread_exit(). Keys below PTHREAD_KEY_2NDLEVEL_SIZE (32) use the
+       thread descriptor's inline array: no allocation (the key is made at
+       load time, see make_exit_key_at_load). A handler that runs
        before this sees the record registered and does not arm it. */
     if (linked)
         pthread_setspecific(exit_key, r);

@@ -712,6 +712,46 @@ Test(rcu, call_rcu_aborts_when_no_thread_can_start, .timeout = 200)
                      "graceslab: gs_call_rcu(): cannot create the RCU callback thread\n");
 }
 
+/* A thread's first read lock allocates nothing, even when the program
+   made 40 thread-specific keys first: glibc allocates a thread's
+   second-level key block at the first pthread_setspecific of a key from
+   the 33rd on, and the engine's key (armed by that first lock) used to be
+   made at the first use, after the program's. In a signal handler that
+   allocation re-entered an interrupted malloc. */
+static size_t live_blocks_of_class(size_t size)
+{
+    struct gs_stats st;
+    gs_stats_get(&st);
+    for (unsigned i = 0; i < st.nclasses; i++)
+        if (st.class_size[i] == size)
+            return st.class_allocated[i];
+    return 0;
+}
+
+static void *first_read_lock(void *arg)
+{
+    size_t *grew = arg;
+    free(malloc(16)); /* the thread's heap exists before the count */
+    size_t before = live_blocks_of_class(512); /* glibc's block: 32 x 16 bytes */
+    gs_rcu_read_lock();
+    size_t inside = live_blocks_of_class(512);
+    gs_rcu_read_unlock();
+    *grew = inside - before;
+    return NULL;
+}
+
+Test(rcu, first_read_lock_allocates_nothing_after_many_keys)
+{
+    pthread_key_t k;
+    for (int i = 0; i < 40; i++)
+        cr_assert_eq(pthread_key_create(&k, NULL), 0);
+    size_t grew = 99;
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, first_read_lock, &grew), 0);
+    pthread_join(t, NULL);
+    cr_assert_eq(grew, 0, "the first read lock allocated %zu block(s) of 512 bytes", grew);
+}
+
 Test(rcu, register_unregister)
 {
     gs_rcu_register_thread();
