@@ -153,12 +153,11 @@ struct gs_rcu_head {
 
 /* Invokes fn(h) from the engine's background thread after a full grace
    period. Lazy: batches until the lazy timeout (GRACESLAB_RCU_LAZY_MS,
-   default 1000) or a batch bound. Never allocates, never waits for a
-   grace period; may be called inside a read-side critical section. The
-   engine's thread is created at the first deferral in the process (by
-   this call, gs_free_rcu or the allocator); a call that finds it cannot
-   be created aborts with one line on stderr, as its callback could never
-   run. */
+   default 1000) or a batch bound. Never allocates, never blocks (but for
+   the first deferral in the process, which creates the engine's thread:
+   this call, gs_free_rcu or the allocator); may be called inside a
+   read-side critical section. If that thread cannot be created, the call
+   aborts with one line on stderr, as its callback could never run. */
 void gs_call_rcu(struct gs_rcu_head *h, void (*fn)(struct gs_rcu_head *));
 /* As gs_call_rcu(), but the grace period starts at once (no lazy wait). */
 void gs_call_rcu_hurry(struct gs_rcu_head *h, void (*fn)(struct gs_rcu_head *));

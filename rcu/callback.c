@@ -247,9 +247,15 @@ static void *lazy_main(void *arg)
     return NULL;
 }
 
+/* Set for good by the first caller whose callbacks need the lazy thread
+   (gs_call_rcu and friends); from then on a creation that fails is fatal
+   for every creator, also for the allocator's quiet requests. */
+static atomic_bool cb_thread_needed;
+
 /* Creates the lazy thread if no other caller is doing so. Returns false
    when another caller was elected first (the caller looks again), true
-   otherwise: the thread runs, or its creation failed and was undone. */
+   otherwise: the thread runs, or its creation failed (fatal: aborted;
+   otherwise undone, with the state back to THREAD_NONE). */
 static bool create_thread(bool fatal)
 {
     /* Before the state leaves THREAD_NONE: init registers the fork
@@ -258,57 +264,77 @@ static bool create_thread(bool fatal)
        lazy thread ever again: callbacks never ran, gs_rcu_barrier hung). */
     gsi_rcu_init();
     int expected = THREAD_NONE;
-    /* Relaxed CAS: elects one creator; the others look again. */
+    /* seq_cst (it only elects one creator): part of the total order the
+       argument in ensure_thread() uses. */
     if (!atomic_compare_exchange_strong_explicit(&cb_thread_state, &expected, THREAD_STARTING,
-                                                 memory_order_relaxed, memory_order_relaxed))
+                                                 memory_order_seq_cst, memory_order_seq_cst))
         return false;
-    /* The thread must not take the process's signals. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_t t;
-    int err = pthread_create(&t, &attr, lazy_main, NULL);
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (err != 0) {
+    for (;;) {
+        /* The thread must not take the process's signals. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_t t;
+        int err = pthread_create(&t, &attr, lazy_main, NULL);
+        pthread_attr_destroy(&attr);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (err == 0) {
+            /* Release: pairs with the acquire load in ensure_thread(). */
+            atomic_store_explicit(&cb_thread_state, THREAD_RUNNING, memory_order_release);
+            return true;
+        }
         if (fatal)
             gsi_fatal_msg("gs_call_rcu", "cannot create the RCU callback thread");
-        /* Release: back to "no thread"; pairs with the acquire load of a
-           fatal caller waiting in ensure_thread, which then tries itself
-           (nothing else to order: the store only hands the election on). */
-        atomic_store_explicit(&cb_thread_state, THREAD_NONE, memory_order_release);
-        return true;
+        /* seq_cst store, then seq_cst load of the flag: pairs with the
+           flag's store and the state's load in ensure_thread() (below). */
+        atomic_store_explicit(&cb_thread_state, THREAD_NONE, memory_order_seq_cst);
+        if (!atomic_load_explicit(&cb_thread_needed, memory_order_seq_cst))
+            return true;
+        /* A caller needs the thread and may have returned seeing
+           THREAD_STARTING: try again, as that caller would. */
+        expected = THREAD_NONE;
+        if (!atomic_compare_exchange_strong_explicit(&cb_thread_state, &expected,
+                                                     THREAD_STARTING, memory_order_seq_cst,
+                                                     memory_order_seq_cst))
+            return true; /* another creator took over */
+        fatal = true;
     }
-    /* Release: pairs with the acquire load in ensure_thread. */
-    atomic_store_explicit(&cb_thread_state, THREAD_RUNNING, memory_order_release);
-    return true;
 }
 
 /* Starts the lazy thread if needed. When it cannot be created (out of
    memory, thread limits): fatal for callers whose callbacks could never run
    otherwise, a no-op for the allocator's reclaim request (the allocator
-   reclaims on its own slow paths too, and asks again later). A fatal caller
-   that finds another caller creating the thread waits for the outcome: had
-   it returned, and the creation failed for a non-fatal creator, its
-   callbacks would wait with no thread to run them (gs_rcu_barrier hung for
-   good; found by a stress helper with RLIMIT_AS too small for a stack). */
+   reclaims on its own slow paths too, and asks again later).
+
+   Nobody waits for another creator: the creation can allocate (glibc's
+   pthread_create callocs the thread's TLS vector), the allocation wait for a
+   grace period, and that grace period for a caller inside a read-side
+   section; a signal handler can also interrupt the creator on its own
+   thread. So a fatal caller that finds the creation under way marks the
+   thread needed and returns, and a creator that fails looks at the mark.
+   Store buffering, all seq_cst: caller `needed = 1; load state`, failed
+   creator `state = NONE; load needed`. Either the caller sees NONE (or a
+   later creator's STARTING, itself bound by the same rule) and creates the
+   thread itself, or the creator sees the mark and tries again as a fatal
+   creator: aborts if it fails, as that caller would have. Before, the
+   caller returned with no mark, and a failed quiet creation left its
+   callback with no thread to run it (gs_rcu_barrier hung; a stress
+   helper's case, RLIMIT_AS too small for a stack). */
 static void ensure_thread(bool fatal)
 {
+    /* Acquire: pairs with the release store of THREAD_RUNNING in
+       create_thread() (the thread exists). */
+    if (GS_LIKELY(atomic_load_explicit(&cb_thread_state, memory_order_acquire) == THREAD_RUNNING))
+        return;
+    if (fatal) /* not the fast path: only before the thread runs */
+        atomic_store_explicit(&cb_thread_needed, true, memory_order_seq_cst);
     for (;;) {
-        /* Acquire: pairs with the release stores below (the thread exists,
-           or a failed creator gave up). */
-        int state = atomic_load_explicit(&cb_thread_state, memory_order_acquire);
-        if (GS_LIKELY(state == THREAD_RUNNING))
-            return;
-        if (state == THREAD_STARTING) {
-            if (!fatal)
-                return; /* the queue keeps the request; the creator runs it */
-            sched_yield();
-            continue;
-        }
+        int state = atomic_load_explicit(&cb_thread_state, memory_order_seq_cst);
+        if (state != THREAD_NONE)
+            return; /* running, or a creator that will see the mark */
         if (create_thread(fatal))
             return;
     }

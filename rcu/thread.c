@@ -46,7 +46,8 @@ static struct gsi_rcu_reader *registry_head;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static atomic_bool init_done; /* set last by init_once_fn() */
 static pthread_key_t exit_key;
-static atomic_bool exit_key_made; /* by make_exit_key_at_load() */
+static pthread_once_t exit_key_once = PTHREAD_ONCE_INIT; /* make_exit_key() */
+static bool exit_key_made;
 
 /* Signals. A signal handler may enter a read-side critical section, and
    on a thread that is not registered that links its record. Unregistration,
@@ -187,6 +188,14 @@ void gsi_rcu_atfork_child(void)
     gsi_rcu_signals_restore(&saved);
 }
 
+/* Run once (exit_key_once): from the constructor below or from
+   init_once_fn(), whichever comes first; pthread_once orders the key and
+   the flag for both. */
+static void make_exit_key(void)
+{
+    exit_key_made = pthread_key_create(&exit_key, thread_exit) == 0;
+}
+
 static void init_once_fn(void)
 {
     /* The fork handlers (the allocator registers them, with the engine's,
@@ -199,8 +208,8 @@ static void init_once_fn(void)
        side (chosen here, once; no #if in the read side itself). */
     gsi_rcu_fences = GS_TSAN || gsi_option(GSI_OPT_RCU_FENCES) != 0 ||
                      !membarrier_register();
-    if (!atomic_load_explicit(&exit_key_made, memory_order_acquire) &&
-        pthread_key_create(&exit_key, thread_exit) != 0)
+    pthread_once(&exit_key_once, make_exit_key);
+    if (!exit_key_made)
         gsi_fatal_msg("gs_rcu_register_thread", "pthread_key_create failed");
     /* Release: pairs with the acquire load in gsi_rcu_init(); a thread that
        sees the flag sees the mode and the key. */
@@ -225,14 +234,15 @@ void gsi_rcu_init(void)
    program had made by then, and a first read lock in a signal handler
    re-entered the malloc it had interrupted (double frees, overwritten
    blocks: a stress helper's program with 40 keys). At load, only keys that
-   libraries loaded earlier made in their constructors come before it. The
+   constructors run earlier made come before it (those of libraries loaded
+   before graceslab; with the static archive, the program's own too). The
    rest of the initialisation stays at the first use (no membarrier(2)
-   registration in programs that never use the engine). */
+   registration in programs that never use the engine). One pthread_once
+   for both callers: an engine used from an earlier constructor makes the
+   key there, and this one then finds it made. */
 __attribute__((constructor)) static void make_exit_key_at_load(void)
 {
-    /* Release: pairs with the acquire load in init_once_fn(). */
-    if (pthread_key_create(&exit_key, thread_exit) == 0)
-        atomic_store_explicit(&exit_key_made, true, memory_order_release);
+    pthread_once(&exit_key_once, make_exit_key);
 }
 
 bool gsi_rcu_register_slow(bool wait)

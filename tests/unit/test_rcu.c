@@ -669,21 +669,20 @@ Test(rcu, misuse_aborts_with_clear_line)
                  "graceslab: pthread_exit(): thread exited inside an RCU read-side critical section\n");
 }
 
-/* No thread can be created (every default stack is 1 TiB): a thread whose
-   deferrals ask for the lazy thread (a request that may fail quietly)
-   races gs_call_rcu, which must abort rather than return with no thread to
-   run its callback. It used to return when it found the quiet request's
-   creation under way, which then failed: gs_rcu_barrier waited for good
-   (9 hangs in 10 runs; a stress helper's case). */
+/* No thread can be created (every default stack is 2^50 bytes: the
+   mapping itself fails, whatever the overcommit setting): a thread that
+   keeps making the allocator's quiet request for the lazy thread (whose
+   failure is not fatal) races gs_call_rcu, which must abort rather than
+   return with no thread to run its callback. It used to return when it
+   found the quiet request's creation under way, which then failed:
+   gs_rcu_barrier waited for good (9 hangs in 10 runs; a stress helper's
+   case, with gs_free_rcu making the requests). */
 static atomic_bool deferrer_stop;
 static void *deferrer(void *arg)
 {
     (void)arg;
-    while (!atomic_load_explicit(&deferrer_stop, memory_order_relaxed)) {
-        void *p = malloc(5000);
-        if (p)
-            gs_free_rcu(p);
-    }
+    while (!atomic_load_explicit(&deferrer_stop, memory_order_relaxed))
+        gsi_rcu_request_reclaim();
     return NULL;
 }
 
@@ -691,7 +690,7 @@ static void call_rcu_with_no_thread_possible(void)
 {
     pthread_attr_t huge, small;
     pthread_attr_init(&huge);
-    pthread_attr_setstacksize(&huge, (size_t)1 << 40);
+    pthread_attr_setstacksize(&huge, (size_t)1 << 50);
     if (pthread_setattr_default_np(&huge) != 0)
         _exit(3);
     pthread_attr_init(&small);
