@@ -677,11 +677,10 @@ Test(rcu, misuse_aborts_with_clear_line)
    found the quiet request's creation under way, which then failed:
    gs_rcu_barrier waited for good (9 hangs in 10 runs; a stress helper's
    case, with gs_free_rcu making the requests). */
-static atomic_bool deferrer_stop;
 static void *deferrer(void *arg)
 {
     (void)arg;
-    while (!atomic_load_explicit(&deferrer_stop, memory_order_relaxed))
+    for (;;) /* until the process aborts */
         gsi_rcu_request_reclaim();
     return NULL;
 }
@@ -716,7 +715,11 @@ Test(rcu, call_rcu_aborts_when_no_thread_can_start, .timeout = 200)
    second-level key block at the first pthread_setspecific of a key from
    the 33rd on, and the engine's key (armed by that first lock) used to be
    made at the first use, after the program's. In a signal handler that
-   allocation re-entered an interrupted malloc. */
+   allocation re-entered an interrupted malloc. Not in the sanitizer
+   builds, where malloc (and so glibc's calloc) is the sanitizer's and
+   graceslab cannot count it: skipped under ASan, left out under TSan's
+   small runner (no skip there). */
+#ifndef GS_RCU_MINI_CRITERION
 static size_t live_blocks_of_class(size_t size)
 {
     struct gs_stats st;
@@ -741,6 +744,13 @@ static void *first_read_lock(void *arg)
 
 Test(rcu, first_read_lock_allocates_nothing_after_many_keys)
 {
+#if defined(__SANITIZE_ADDRESS__)
+    cr_skip_test("malloc is ASan's in this build: glibc's calloc cannot be counted");
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+    cr_skip_test("malloc is ASan's in this build: glibc's calloc cannot be counted");
+#endif
+#endif
     pthread_key_t k;
     for (int i = 0; i < 40; i++)
         cr_assert_eq(pthread_key_create(&k, NULL), 0);
@@ -750,6 +760,7 @@ Test(rcu, first_read_lock_allocates_nothing_after_many_keys)
     pthread_join(t, NULL);
     cr_assert_eq(grew, 0, "the first read lock allocated %zu block(s) of 512 bytes", grew);
 }
+#endif
 
 Test(rcu, register_unregister)
 {
