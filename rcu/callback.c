@@ -74,7 +74,9 @@ static _Atomic uint32_t cb_reclaim;
    condition: seq_cst, as cb_reclaim. */
 static _Atomic uint64_t cb_expedite_until;
 static _Atomic(void (*)(void)) reclaim_hook;
-/* THREAD_NONE -> THREAD_STARTING (CAS, one creator) -> THREAD_RUNNING. */
+/* THREAD_NONE -> THREAD_STARTING (CAS, one creator) -> THREAD_RUNNING, or
+   back to THREAD_NONE when the creation failed; a fork child goes back to
+   THREAD_NONE (gsi_rcu_cb_atfork_child). */
 static _Atomic int cb_thread_state;
 /* The batch the lazy thread is working on, FIFO, not yet invoked, and
    whether the reclaim hook is still to run for it (only the lazy thread
@@ -247,22 +249,18 @@ static void *lazy_main(void *arg)
     return NULL;
 }
 
-/* Set for good by the first caller whose callbacks need the lazy thread
-   (gs_call_rcu and friends); from then on a creation that fails is fatal
-   for every creator, also for the allocator's quiet requests. */
+/* Set by the first caller whose callbacks need the lazy thread (gs_call_rcu
+   and friends); from then on a creation that fails is fatal for every
+   creator, also for the allocator's quiet requests. A fork child keeps it
+   only if it inherited callbacks. */
 static atomic_bool cb_thread_needed;
 
-/* Creates the lazy thread if no other caller is doing so. Returns false
-   when another caller was elected first (the caller looks again), true
-   otherwise: the thread runs, or its creation failed (fatal: aborted;
-   otherwise undone, with the state back to THREAD_NONE). */
-static bool create_thread(bool fatal)
+/* create_thread() with every signal blocked. Returns false when another
+   caller was elected first (the caller looks again), true otherwise: the
+   thread runs, its creation failed (fatal: aborted; otherwise the state is
+   back to THREAD_NONE), or after a failure another creator took over. */
+static bool create_thread_blocked(bool fatal)
 {
-    /* Before the state leaves THREAD_NONE: init registers the fork
-       handlers, and a fork between the CAS below and that registration
-       left the child with THREAD_STARTING and no handler to reset it (no
-       lazy thread ever again: callbacks never ran, gs_rcu_barrier hung). */
-    gsi_rcu_init();
     int expected = THREAD_NONE;
     /* seq_cst (it only elects one creator): part of the total order the
        argument in ensure_thread() uses. */
@@ -270,17 +268,12 @@ static bool create_thread(bool fatal)
                                                  memory_order_seq_cst, memory_order_seq_cst))
         return false;
     for (;;) {
-        /* The thread must not take the process's signals. */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         pthread_t t;
         int err = pthread_create(&t, &attr, lazy_main, NULL);
         pthread_attr_destroy(&attr);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (err == 0) {
             /* Release: pairs with the acquire load in ensure_thread(). */
             atomic_store_explicit(&cb_thread_state, THREAD_RUNNING, memory_order_release);
@@ -288,20 +281,46 @@ static bool create_thread(bool fatal)
         }
         if (fatal)
             gsi_fatal_msg("gs_call_rcu", "cannot create the RCU callback thread");
-        /* seq_cst store, then seq_cst load of the flag: pairs with the
-           flag's store and the state's load in ensure_thread() (below). */
+        /* seq_cst store, then seq_cst load of the mark: pairs with the
+           mark's store and the state's load in ensure_thread() (store
+           buffering, argued there). */
         atomic_store_explicit(&cb_thread_state, THREAD_NONE, memory_order_seq_cst);
         if (!atomic_load_explicit(&cb_thread_needed, memory_order_seq_cst))
             return true;
         /* A caller needs the thread and may have returned seeing
-           THREAD_STARTING: try again, as that caller would. */
+           THREAD_STARTING: try again, as that caller would (seq_cst, as
+           the first CAS). */
         expected = THREAD_NONE;
         if (!atomic_compare_exchange_strong_explicit(&cb_thread_state, &expected,
                                                      THREAD_STARTING, memory_order_seq_cst,
                                                      memory_order_seq_cst))
-            return true; /* another creator took over */
+            return true; /* another creator took over, bound by the same rule */
         fatal = true;
     }
+}
+
+/* Creates the lazy thread if no other caller is doing so (see
+   create_thread_blocked for the result). Every signal is blocked from the
+   election to the final store: the new thread must not take the process's
+   signals (it inherits the mask), and a handler on this thread must not
+   run while the state says THREAD_STARTING. A handler that forked there
+   left the child with the state reset by the fork handler and then set
+   to THREAD_RUNNING by the resumed creator, with no thread (its callbacks
+   never ran), or with two lazy threads when the child's handler created
+   one and the resumed creator another (a review helper's reproducers). */
+static bool create_thread(bool fatal)
+{
+    /* Before the state leaves THREAD_NONE: init registers the fork
+       handlers, and a fork between the CAS below and that registration
+       left the child with THREAD_STARTING and no handler to reset it (no
+       lazy thread ever again: callbacks never ran, gs_rcu_barrier hung). */
+    gsi_rcu_init();
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    bool done = create_thread_blocked(fatal);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return done;
 }
 
 /* Starts the lazy thread if needed. When it cannot be created (out of
@@ -510,6 +529,10 @@ void gsi_rcu_cb_atfork_child(void)
     }
     atomic_store_explicit(&cb_stack, stack, memory_order_relaxed);
     atomic_store_explicit(&cb_inflight, NULL, memory_order_relaxed);
+    /* The child needs its thread only for callbacks it has: a child with
+       none keeps the allocator's quiet requests quiet (a failed creation
+       there aborted a child that never deferred a callback). */
+    atomic_store_explicit(&cb_thread_needed, stack != NULL, memory_order_relaxed);
     /* A reclaim request the parent's thread had taken and not served. */
     if (atomic_load_explicit(&cb_inflight_reclaim, memory_order_relaxed))
         atomic_store_explicit(&cb_reclaim, 1, memory_order_relaxed);

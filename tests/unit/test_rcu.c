@@ -710,6 +710,37 @@ Test(rcu, call_rcu_aborts_when_no_thread_can_start, .timeout = 200)
                      "graceslab: gs_call_rcu(): cannot create the RCU callback thread\n");
 }
 
+/* A fork child that inherited no callback keeps the allocator's requests
+   for the lazy thread quiet: where no thread can be created, a request
+   returns. The mark that makes a failed creation fatal once a callback
+   needs the thread came into the child with the parent's memory, and the
+   child aborted with a gs_call_rcu() line although it had queued nothing
+   (a review helper's case). */
+Test(rcu, fork_child_without_callbacks_keeps_requests_quiet)
+{
+    static struct gs_rcu_head head;
+    gs_call_rcu_hurry(&head, count_cb);
+    gs_rcu_barrier(); /* nothing left queued */
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        pthread_attr_t huge;
+        pthread_attr_init(&huge);
+        pthread_attr_setstacksize(&huge, (size_t)1 << 50);
+        if (pthread_setattr_default_np(&huge) != 0)
+            _exit(3);
+        alarm(20);
+        gsi_rcu_request_reclaim(); /* the creation fails: must return */
+        _exit(gsi_rcu_lazy_thread_exists() ? 4 : 0);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+              "the child of a parent whose callbacks all ran did not return from a failed "
+              "quiet request (status %d)", st);
+}
+
 /* A thread's first read lock allocates nothing, even when the program
    made 40 thread-specific keys first: glibc allocates a thread's
    second-level key block at the first pthread_setspecific of a key from
