@@ -255,10 +255,11 @@ static void *lazy_main(void *arg)
    only if it inherited callbacks. */
 static atomic_bool cb_thread_needed;
 
-/* create_thread() with every signal blocked. Returns false when another
-   caller was elected first (the caller looks again), true otherwise: the
-   thread runs, its creation failed (fatal: aborted; otherwise the state is
-   back to THREAD_NONE), or after a failure another creator took over. */
+/* create_thread() with every signal blocked. Returns false when the
+   caller must look again (another caller was elected first, or this
+   creation failed while a caller needs the thread), true otherwise: the
+   thread runs, or its creation failed quietly and the state is back to
+   THREAD_NONE (a fatal creation that fails aborts). */
 static bool create_thread_blocked(bool fatal)
 {
     int expected = THREAD_NONE;
@@ -267,36 +268,25 @@ static bool create_thread_blocked(bool fatal)
     if (!atomic_compare_exchange_strong_explicit(&cb_thread_state, &expected, THREAD_STARTING,
                                                  memory_order_seq_cst, memory_order_seq_cst))
         return false;
-    for (;;) {
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        pthread_t t;
-        int err = pthread_create(&t, &attr, lazy_main, NULL);
-        pthread_attr_destroy(&attr);
-        if (err == 0) {
-            /* Release: pairs with the acquire load in ensure_thread(). */
-            atomic_store_explicit(&cb_thread_state, THREAD_RUNNING, memory_order_release);
-            return true;
-        }
-        if (fatal)
-            gsi_fatal_msg("gs_call_rcu", "cannot create the RCU callback thread");
-        /* seq_cst store, then seq_cst load of the mark: pairs with the
-           mark's store and the state's load in ensure_thread() (store
-           buffering, argued there). */
-        atomic_store_explicit(&cb_thread_state, THREAD_NONE, memory_order_seq_cst);
-        if (!atomic_load_explicit(&cb_thread_needed, memory_order_seq_cst))
-            return true;
-        /* A caller needs the thread and may have returned seeing
-           THREAD_STARTING: try again, as that caller would (seq_cst, as
-           the first CAS). */
-        expected = THREAD_NONE;
-        if (!atomic_compare_exchange_strong_explicit(&cb_thread_state, &expected,
-                                                     THREAD_STARTING, memory_order_seq_cst,
-                                                     memory_order_seq_cst))
-            return true; /* another creator took over, bound by the same rule */
-        fatal = true;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    int err = pthread_create(&t, &attr, lazy_main, NULL);
+    pthread_attr_destroy(&attr);
+    if (err == 0) {
+        /* Release: pairs with the acquire load in ensure_thread(). */
+        atomic_store_explicit(&cb_thread_state, THREAD_RUNNING, memory_order_release);
+        return true;
     }
+    if (fatal)
+        gsi_fatal_msg("gs_call_rcu", "cannot create the RCU callback thread");
+    /* seq_cst store, then seq_cst load of the mark: pairs with the mark's
+       store and the state's load in ensure_thread() (store buffering,
+       argued there). A caller that needs the thread may have returned
+       seeing THREAD_STARTING: look again, as a fatal creator. */
+    atomic_store_explicit(&cb_thread_state, THREAD_NONE, memory_order_seq_cst);
+    return !atomic_load_explicit(&cb_thread_needed, memory_order_seq_cst);
 }
 
 /* Creates the lazy thread if no other caller is doing so (see
@@ -337,7 +327,7 @@ static bool create_thread(bool fatal)
    Store buffering, all seq_cst: caller `needed = 1; load state`, failed
    creator `state = NONE; load needed`. Either the caller sees NONE (or a
    later creator's STARTING, itself bound by the same rule) and creates the
-   thread itself, or the creator sees the mark and tries again as a fatal
+   thread itself, or the creator sees the mark and looks again as a fatal
    creator: aborts if it fails, as that caller would have. Before, the
    caller returned with no mark, and a failed quiet creation left its
    callback with no thread to run it (gs_rcu_barrier hung; a stress
@@ -356,6 +346,9 @@ static void ensure_thread(bool fatal)
             return; /* running, or a creator that will see the mark */
         if (create_thread(fatal))
             return;
+        /* Elected out, or failed while the thread is needed: then the next
+           creation is fatal (seq_cst, as the creator's load of the mark). */
+        fatal = fatal || atomic_load_explicit(&cb_thread_needed, memory_order_seq_cst);
     }
 }
 
