@@ -36,7 +36,9 @@
  * deferral (or gs_rcu_barrier) creates it. A batch the parent's thread had
  * taken but not finished is pushed back in the child (cb_inflight), with
  * its reclaim request; fork waits (cb_take_mutex) while the thread is
- * between taking a batch and publishing it there.
+ * between taking a batch and publishing it there. The barrier sentinels of
+ * the parent's other threads are dropped (drop_dead_sentinels). A callback
+ * running at the fork is the parent's: the child does not run it again.
  */
 #include "rcu/engine.h"
 #include "rcu/internal.h"
@@ -395,6 +397,10 @@ GS_EXPORT void gs_call_rcu_hurry(struct gs_rcu_head *h, void (*fn)(struct gs_rcu
 struct barrier_sentinel {
     struct gs_rcu_head head;
     _Atomic uint32_t done;
+    /* The waiting thread: the address of its on_lazy_thread, unique among
+       running threads and kept by a fork child (see
+       drop_dead_sentinels). */
+    const bool *waiter;
 };
 
 static void barrier_done(struct gs_rcu_head *h)
@@ -422,6 +428,7 @@ GS_EXPORT void gs_rcu_barrier(void)
         return;
     struct barrier_sentinel b;
     atomic_init(&b.done, 0);
+    b.waiter = &on_lazy_thread;
     enqueue(&b.head, barrier_done, true);
     for (;;) {
         /* seq_cst: pairs with the increment in barrier_done(). */
@@ -495,6 +502,36 @@ void gsi_rcu_cb_atfork_parent(void)
     pthread_mutex_unlock(&cb_take_mutex);
 }
 
+/* A fork child inherits the barrier sentinels of the parent's threads
+   that were waiting in gs_rcu_barrier(). Those threads do not exist in
+   the child, and each sentinel lives on its thread's stack, which glibc
+   then reuses for a new thread or unmaps: the child's lazy thread would
+   call through, and write into, whatever is there (a helper's reproducer,
+   thirty-second session: SIGSEGV in the child's lazy thread). The memory
+   is intact still (glibc reclaims the stacks in the child before the
+   handlers, but reuses them only later), so the sentinels are unlinked
+   here, and no longer counted as queued. The forking thread's own
+   sentinel (a fork from a handler that interrupted its barrier) stays. */
+static struct gs_rcu_head *drop_dead_sentinels(struct gs_rcu_head *list)
+{
+    struct gs_rcu_head **link = &list;
+    uint64_t dropped = 0;
+    while (*link) {
+        struct gs_rcu_head *h = *link;
+        const struct barrier_sentinel *b =
+            (const struct barrier_sentinel *)((const char *)h - offsetof(struct barrier_sentinel, head));
+        if (h->func == barrier_done && b->waiter != &on_lazy_thread) {
+            *link = h->next;
+            dropped++;
+        } else {
+            link = &h->next;
+        }
+    }
+    atomic_store_explicit(&cb_queued, atomic_load_explicit(&cb_queued, memory_order_relaxed) - dropped,
+                          memory_order_relaxed);
+    return list;
+}
+
 void gsi_rcu_cb_atfork_child(void)
 {
     /* Only this thread exists; plain (relaxed) accesses suffice. The
@@ -520,6 +557,7 @@ void gsi_rcu_cb_atfork_child(void)
             tail = tail->next;
         tail->next = rev;
     }
+    stack = drop_dead_sentinels(stack);
     atomic_store_explicit(&cb_stack, stack, memory_order_relaxed);
     atomic_store_explicit(&cb_inflight, NULL, memory_order_relaxed);
     /* The child needs its thread only for callbacks it has: a child with
