@@ -487,6 +487,13 @@ uint64_t gsi_rcu_lazy_wakeups(void)
     return atomic_load_explicit(&lazy_wakeups, memory_order_relaxed);
 }
 
+uint64_t gsi_rcu_callbacks_outstanding(void)
+{
+    /* Invoked first: both only grow, so the difference cannot wrap. */
+    uint64_t invoked = atomic_load_explicit(&cb_invoked, memory_order_acquire);
+    return atomic_load_explicit(&cb_queued, memory_order_acquire) - invoked;
+}
+
 bool gsi_rcu_lazy_thread_exists(void)
 {
     return atomic_load_explicit(&cb_thread_state, memory_order_relaxed) != THREAD_NONE;
@@ -515,7 +522,7 @@ void gsi_rcu_cb_atfork_parent(void)
 static struct gs_rcu_head *drop_dead_sentinels(struct gs_rcu_head *list)
 {
     struct gs_rcu_head **link = &list;
-    uint64_t dropped = 0;
+    uint64_t dropped = 0, left = 0;
     while (*link) {
         struct gs_rcu_head *h = *link;
         const struct barrier_sentinel *b =
@@ -525,10 +532,14 @@ static struct gs_rcu_head *drop_dead_sentinels(struct gs_rcu_head *list)
             dropped++;
         } else {
             link = &h->next;
+            left++;
         }
     }
-    atomic_store_explicit(&cb_queued, atomic_load_explicit(&cb_queued, memory_order_relaxed) - dropped,
-                          memory_order_relaxed);
+    uint64_t queued = atomic_load_explicit(&cb_queued, memory_order_relaxed) - dropped;
+    atomic_store_explicit(&cb_queued, queued, memory_order_relaxed);
+    /* And what is left is not taken yet (the batch bound counts from
+       here; the parent's thread had counted its batch as taken). */
+    atomic_store_explicit(&cb_taken, queued - left, memory_order_relaxed);
     return list;
 }
 

@@ -171,6 +171,8 @@ void gsi_rcu_cb_atfork_parent(void);
 void gsi_rcu_cb_atfork_child(void);
 uint64_t gsi_rcu_lazy_wakeups(void);
 bool gsi_rcu_lazy_thread_exists(void);
+/* Callbacks queued and not yet invoked (tests). */
+uint64_t gsi_rcu_callbacks_outstanding(void);
 
 /* Futex helpers (private futexes: the words are process-local). */
 /* Returns false when it did not sleep at all (the word no longer held
