@@ -489,7 +489,9 @@ uint64_t gsi_rcu_lazy_wakeups(void)
 
 uint64_t gsi_rcu_callbacks_outstanding(void)
 {
-    /* Invoked first: both only grow, so the difference cannot wrap. */
+    /* Invoked first: a callback counted invoked was counted queued
+       before, so the difference does not wrap (outside a fork child's
+       handler, which lowers queued with no other thread running). */
     uint64_t invoked = atomic_load_explicit(&cb_invoked, memory_order_acquire);
     return atomic_load_explicit(&cb_queued, memory_order_acquire) - invoked;
 }
