@@ -403,9 +403,14 @@ struct barrier_sentinel {
     const bool *waiter;
 };
 
+static struct barrier_sentinel *sentinel_of(struct gs_rcu_head *h)
+{
+    return (struct barrier_sentinel *)((char *)h - offsetof(struct barrier_sentinel, head));
+}
+
 static void barrier_done(struct gs_rcu_head *h)
 {
-    struct barrier_sentinel *b = (struct barrier_sentinel *)((char *)h - offsetof(struct barrier_sentinel, head));
+    struct barrier_sentinel *b = sentinel_of(h);
     /* Release: pairs with the acquire load in gs_rcu_barrier(); every
        earlier callback of the FIFO has returned. */
     atomic_store_explicit(&b->done, 1, memory_order_release);
@@ -527,9 +532,7 @@ static struct gs_rcu_head *drop_dead_sentinels(struct gs_rcu_head *list)
     uint64_t dropped = 0, left = 0;
     while (*link) {
         struct gs_rcu_head *h = *link;
-        const struct barrier_sentinel *b =
-            (const struct barrier_sentinel *)((const char *)h - offsetof(struct barrier_sentinel, head));
-        if (h->func == barrier_done && b->waiter != &on_lazy_thread) {
+        if (h->func == barrier_done && sentinel_of(h)->waiter != &on_lazy_thread) {
             *link = h->next;
             dropped++;
         } else {

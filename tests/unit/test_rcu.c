@@ -765,13 +765,6 @@ static void slow_cb(struct gs_rcu_head *h)
         usleep(1000);
 }
 
-static void *barrier_waiter(void *arg)
-{
-    (void)arg;
-    gs_rcu_barrier();
-    return NULL;
-}
-
 static void *stack_filler(void *arg)
 {
     (void)arg;
@@ -797,9 +790,9 @@ Test(rcu, fork_child_drops_the_barriers_of_lost_threads, .timeout = 60)
     gs_call_rcu_hurry(&slow, slow_cb);
     while (!atomic_load(&slow_started))
         usleep(1000);
-    pthread_t w[BARRIER_WAITERS];
+    static struct barrier_thread w[BARRIER_WAITERS];
     for (int i = 0; i < BARRIER_WAITERS; i++)
-        cr_assert_eq(pthread_create(&w[i], &attr, barrier_waiter, NULL), 0);
+        cr_assert_eq(pthread_create(&w[i].t, &attr, barrier_main, &w[i]), 0);
     /* Every waiter has queued its sentinel behind the running callback. */
     for (int i = 0; i < 10000 && gsi_rcu_callbacks_outstanding() < 1 + BARRIER_WAITERS; i++)
         usleep(1000);
@@ -833,7 +826,7 @@ Test(rcu, fork_child_drops_the_barriers_of_lost_threads, .timeout = 60)
     int st;
     cr_assert_eq(waitpid(pid, &st, 0), pid);
     for (int i = 0; i < BARRIER_WAITERS; i++)
-        pthread_join(w[i], NULL);
+        pthread_join(w[i].t, NULL);
     pthread_attr_destroy(&attr);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
               "the fork child ran or counted the barrier sentinels of threads it does not "
