@@ -236,7 +236,7 @@ static void make_partial(struct gs_heap *h, struct gs_slab *s)
 
 /* ---------------------------------------------------------------- orphans */
 
-void gsi_orphan_push(struct gs_slab *s)
+void gsi_orphan_push(struct gs_slab *s, uint32_t committed_free)
 {
     struct orphan_list *o = &orphans[s->cls];
     pthread_mutex_lock(&o->lock);
@@ -250,6 +250,9 @@ void gsi_orphan_push(struct gs_slab *s)
         GS_X_OWNER(atomic_load_explicit(&s->xstate, memory_order_relaxed)) == 0 &&
         s->kind == GS_SLAB_SMALL) {
         s->orphaned = true;
+        s->orphan_free = (uint8_t)committed_free;
+        atomic_fetch_add_explicit(&gsi_orphan_free_bytes, committed_free * s->obj_size,
+                                  memory_order_relaxed);
         s->orphan_prev = NULL;
         s->orphan_next = o->first;
         if (o->first)
@@ -270,6 +273,9 @@ static void orphan_unlink_locked(struct orphan_list *o, struct gs_slab *s)
         s->orphan_next->orphan_prev = s->orphan_prev;
     s->orphan_next = s->orphan_prev = NULL;
     s->orphaned = false;
+    atomic_fetch_sub_explicit(&gsi_orphan_free_bytes, s->orphan_free * s->obj_size,
+                              memory_order_relaxed);
+    s->orphan_free = 0;
     atomic_fetch_sub_explicit(&o->count, 1, memory_order_relaxed);
 }
 
@@ -1011,6 +1017,7 @@ static void abandon_slab(struct gs_heap *h, struct gs_slab *s)
 {
     unlink_owned(h, s);
     bool useful;
+    uint32_t committed_free = 0;
     for (;;) {
         gsi_slab_collect(s);
         if (s->used == 0 && !gsi_slab_has_pending(s)) {
@@ -1021,11 +1028,13 @@ static void abandon_slab(struct gs_heap *h, struct gs_slab *s)
         /* Read while still the owner: after the release below the slab
            may be adopted and its owner fields are someone else's. */
         useful = s->free_head != GS_LINK_END || s->bump < s->capacity;
+        if (s->free_head != GS_LINK_END)
+            committed_free = gsi_slab_decay_orphan(s);
         if (gsi_slab_release(h, s))
             break;
     }
     if (useful || gsi_slab_has_pending(s))
-        gsi_orphan_push(s);
+        gsi_orphan_push(s, committed_free);
 }
 
 static void heap_abandon(struct gs_heap *h)
@@ -1150,7 +1159,7 @@ static void rescue_unlisted_slabs(void)
         s->used = gsi_slab_recount(s);
         gsi_slab_collect(s);
         gsi_slab_release(owner, s);    /* no other thread: the chain is empty */
-        gsi_orphan_push(s);
+        gsi_orphan_push(s, 0);
     }
 }
 

@@ -219,6 +219,9 @@ struct gs_slab {
     _Atomic uint64_t pending[GS_PENDING_CHAINS];
     /* Set (under orphan_lock[cls]) while on the orphan list. */
     bool orphaned;
+    /* Medium slabs, while orphaned (orphan_lock[cls]): free objects left
+       committed, counted in gsi_orphan_free_bytes (decay.c). */
+    uint8_t orphan_free;
     /* Owner field, in the padding: objects [zero_from, capacity) hold
        only zero bytes — never handed out since the slab was formatted on
        memory without old bytes (gsi_slab_new) — so calloc need not clear
@@ -576,6 +579,14 @@ size_t gsi_heap_own_kept_bytes(void);    /* empty slabs heaps keep of their own,
    empties h's slab of class cls. */
 void gsi_heap_decay(struct gs_heap *h, unsigned cls);
 size_t gsi_heap_decay_now(struct gs_heap *h); /* malloc_trim: all free medium objects */
+/* The owner of s, a slab about to go on its class's orphan list, where
+   nothing decays: gives back the pages of its free medium objects if the
+   orphans' committed free objects would exceed their budget. Returns how
+   many it left committed (for gsi_orphan_push to count). */
+uint32_t gsi_slab_decay_orphan(struct gs_slab *s);
+/* Bytes of the free objects orphaned medium slabs keep committed
+   (orphan_free of each; relaxed: a budget's estimate). */
+extern _Atomic size_t gsi_orphan_free_bytes;
 /* Bytes of free medium objects whose pages decay gave back (statistics:
    not committed). */
 extern _Atomic int64_t gsi_decayed_bytes; /* (signed: see decay.c) */
@@ -808,7 +819,7 @@ void gsi_heap_free_emptied(const void *p, struct gs_slab *s);
 /* A slab just adopted by h through a free: put it on h's lists. */
 void gsi_heap_take_adopted(struct gs_heap *h, struct gs_slab *s);
 /* Orphan lists: ownerless slabs that still hold free or pending objects. */
-void gsi_orphan_push(struct gs_slab *s);
+void gsi_orphan_push(struct gs_slab *s, uint32_t committed_free);
 void gsi_orphan_remove(struct gs_slab *s);
 void gsi_heaps_foreach(void (*fn)(struct gs_heap *, void *), void *arg);
 void gsi_heap_init_once(void);

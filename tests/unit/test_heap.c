@@ -783,7 +783,7 @@ static void *adopt_unlisted(void *arg)
     stop_here(ok);
     if (ok) { /* put it back as it was */
         gsi_slab_release(h, s);
-        gsi_orphan_push(s);
+        gsi_orphan_push(s, 0);
     }
     return NULL;
 }
@@ -1156,10 +1156,11 @@ static void medium_objects(char **p, bool *live, int n, size_t size)
     }
 }
 
-/* After pages were given back: live and deferred objects keep their pages
-   and contents (each filled with its index + 1), free ones have none. */
-static void check_given_back(char **p, const bool *live, const bool *deferred, int n,
-                             size_t size)
+/* Live and deferred objects keep their pages and contents (each filled
+   with its index + 1); free ones have all their pages if free_kept, else
+   none. */
+static void check_medium_objects(char **p, const bool *live, const bool *deferred, int n,
+                                 size_t size, bool free_kept)
 {
     size_t obj = gsi_slab_of(p[0])->obj_size;
     for (int i = 0; i < n; i++) {
@@ -1168,8 +1169,27 @@ static void check_given_back(char **p, const bool *live, const bool *deferred, i
             for (size_t k = 0; k < size; k += 997)
                 cr_assert_eq(p[i][k], (char)(i + 1), "object %d changed at %zu", i, k);
         } else {
-            cr_assert_eq(resident_pages(p[i], obj), 0, "free object %d kept its pages", i);
+            cr_assert_eq(resident_pages(p[i], obj), free_kept ? obj / GS_PAGE : 0,
+                         "free object %d: pages %s", i, free_kept ? "lost" : "kept");
         }
+    }
+}
+
+/* After pages were given back. */
+static void check_given_back(char **p, const bool *live, const bool *deferred, int n,
+                             size_t size)
+{
+    check_medium_objects(p, live, deferred, n, size, false);
+}
+
+/* Blocks handed out again after their pages went back are usable: checks
+   the n blocks of q, each filled with its index + 7, and frees them. */
+static void check_reused_and_free(char **q, int n, size_t size)
+{
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(q[i][0], (char)(i + 7));
+        cr_assert_eq(q[i][size - 1], (char)(i + 7));
+        free(q[i]);
     }
 }
 
@@ -1243,11 +1263,7 @@ Test(heap, idle_medium_objects_decay)
     cr_assert_eq(st2.committed_bytes - st1.committed_bytes, (size_t)nfree * obj,
                  "committed rose by %zu bytes for %d decayed objects of %zu handed out",
                  st2.committed_bytes - st1.committed_bytes, nfree, obj);
-    for (int i = 0; i < nfree; i++) {
-        cr_assert_eq(q[i][0], (char)(i + 7));
-        cr_assert_eq(q[i][SIZE - 1], (char)(i + 7));
-        free(q[i]);
-    }
+    check_reused_and_free(q, nfree, SIZE);
     for (int i = 0; i < N; i++)
         if (live[i])
             free(p[i]);
@@ -1434,6 +1450,101 @@ Test(heap, malloc_trim_gives_back_free_medium_objects)
         if (live[i])
             free(p[i]);
     gs_reclaim(SIZE_MAX);
+}
+
+/* An exiting thread's medium slabs with free objects go on the orphan
+   lists, where nothing decays: past the orphans' budget (a quarter of
+   GRACESLAB_EMPTY_CACHE_MB) their free objects give their pages back as
+   the thread exits; within it they keep them for the next adopter (a
+   program that starts threads one after another, each leaving some of its
+   blocks free, ran 12 times slower when every exit gave them back). The
+   worker frees or defers all but one object of each slab, and no decay
+   pass is due while it runs. Live and deferred objects (this thread
+   reads, so no grace period ends) keep their pages and contents either
+   way; freed ones come back usable. */
+enum { XM_N = 64, XM_SIZE = 40000 };
+static char *xm_p[XM_N];
+static bool xm_live[XM_N], xm_deferred[XM_N];
+
+static void *xm_worker(void *arg)
+{
+    int *nfree = arg;
+    for (int i = 0; i < XM_N; i++) {
+        if (!(xm_p[i] = malloc(XM_SIZE)))
+            return NULL;
+        memset(xm_p[i], i + 1, XM_SIZE);
+    }
+    for (int i = 0; i < XM_N; i++) {
+        xm_live[i] = true;
+        for (int j = 0; j < i; j++)
+            xm_live[i] &= gsi_slab_of(xm_p[j]) != gsi_slab_of(xm_p[i]);
+    }
+    for (int i = 0; i < XM_N; i++) {
+        if (xm_live[i])
+            continue;
+        if (i % 5 == 1) {
+            gs_free_rcu(xm_p[i]);
+            xm_deferred[i] = true;
+        } else {
+            free(xm_p[i]);
+            (*nfree)++;
+        }
+    }
+    return arg;
+}
+
+/* Runs the worker under a read lock and checks the objects (free ones:
+   resident if free_kept, else not); returns how many it freed. */
+static int xm_run_worker(bool free_kept)
+{
+    gsi_option_set(GSI_OPT_DECAY_MS, 3600000);
+    cr_assert_geq(gsi_size_class(XM_SIZE), GS_FIRST_MEDIUM_CLASS);
+    int nfree = 0;
+    pthread_t t;
+    gs_rcu_read_lock();
+    cr_assert_eq(pthread_create(&t, NULL, xm_worker, &nfree), 0);
+    void *ret;
+    cr_assert_eq(pthread_join(t, &ret), 0);
+    cr_assert_eq(ret, &nfree, "the worker ran out of memory");
+    cr_assert_gt(nfree, 20);
+    check_medium_objects(xm_p, xm_live, xm_deferred, XM_N, XM_SIZE, free_kept);
+    gs_rcu_read_unlock();
+    return nfree;
+}
+
+/* Allocates the freed objects' worth again (from the orphans), checks the
+   blocks are usable, then frees everything. */
+static void xm_reuse_and_free(int nfree)
+{
+    static char *q[XM_N];
+    for (int i = 0; i < nfree; i++) {
+        cr_assert_not_null(q[i] = malloc(XM_SIZE));
+        memset(q[i], i + 7, XM_SIZE);
+    }
+    check_reused_and_free(q, nfree, XM_SIZE);
+    for (int i = 0; i < XM_N; i++)
+        if (xm_live[i])
+            free(xm_p[i]);
+    gs_reclaim(SIZE_MAX);
+}
+
+Test(heap, exiting_thread_gives_back_free_medium_objects_past_budget)
+{
+    gsi_option_set(GSI_OPT_EMPTY_CACHE_MB, 0); /* orphans keep nothing */
+    int nfree = xm_run_worker(false);
+    cr_assert_eq(atomic_load(&gsi_orphan_free_bytes), 0);
+    xm_reuse_and_free(nfree);
+}
+
+Test(heap, exiting_thread_keeps_free_medium_objects_within_budget)
+{
+    int nfree = xm_run_worker(true);
+    size_t obj = gsi_slab_of(xm_p[0])->obj_size;
+    cr_assert_leq((size_t)nfree * obj, ((size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20) / 4);
+    cr_assert_eq(atomic_load(&gsi_orphan_free_bytes), (size_t)nfree * obj);
+    xm_reuse_and_free(nfree);
+    /* Every orphan was adopted again (or retired): none is counted. */
+    cr_assert_eq(atomic_load(&gsi_orphan_free_bytes), 0);
 }
 
 /* ---- full slabs kept by a heap that adopts its own back (heap.c) ---- */
