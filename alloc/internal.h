@@ -569,7 +569,8 @@ size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */
 size_t gsi_segments_dirty_bytes(void);  /* bytes of unused slots still committed */
 size_t gsi_segments_given_back(void);   /* bytes of dirty slots decommitted so far */
 /* What dirty slots and the heaps' shared keep may hold together:
-   GRACESLAB_EMPTY_CACHE_MB, or half the bytes of the slabs in use if more. */
+   GRACESLAB_EMPTY_CACHE_MB, or half the committed bytes of the slabs in
+   use (decayed medium objects left out) if more. */
 size_t gsi_segments_empty_budget(void);
 size_t gsi_heap_shared_kept_bytes(void); /* empty slabs heaps keep from the shared budget */
 size_t gsi_heap_own_kept_bytes(void);    /* empty slabs heaps keep of their own, together */

@@ -1547,6 +1547,56 @@ Test(heap, exiting_thread_keeps_free_medium_objects_within_budget)
     cr_assert_eq(atomic_load(&gsi_orphan_free_bytes), 0);
 }
 
+/* The empty-slab budget counts the slabs' committed bytes, not their span:
+   a thread that frees 3 in 4 of its medium blocks at random and exits
+   leaves orphans whose free pages go back (above), and the slots of the
+   slabs it emptied stay committed only up to half of what is still
+   committed (GRACESLAB_EMPTY_CACHE_MB set to 0 here). With the span
+   counted, the slots kept committed were about as many bytes as the blocks
+   left live. */
+enum { EB_N = 600 };
+static char *eb_p[EB_N];
+static size_t eb_live_bytes;
+
+static void *eb_worker(void *arg)
+{
+    uint64_t rng = 12345;
+    for (int i = 0; i < EB_N; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        size_t n = 100000 + (size_t)(rng >> 33) % 100000;
+        if (!(eb_p[i] = malloc(n)))
+            return NULL;
+        memset(eb_p[i], 1, n);
+    }
+    for (int i = 0; i < EB_N; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        if ((rng >> 33) % 4) {
+            free(eb_p[i]);
+            eb_p[i] = NULL;
+        } else {
+            eb_live_bytes += gs_usable_size(eb_p[i]);
+        }
+    }
+    return arg;
+}
+
+Test(heap, empty_slot_budget_counts_committed_bytes)
+{
+    gsi_option_set(GSI_OPT_EMPTY_CACHE_MB, 0);
+    gsi_option_set(GSI_OPT_DECAY_MS, 3600000);
+    gsi_option_set(GSI_OPT_PURGE_DELAY_MS, 3600000);
+    pthread_t t;
+    void *ret;
+    cr_assert_eq(pthread_create(&t, NULL, eb_worker, &eb_live_bytes), 0);
+    cr_assert_eq(pthread_join(t, &ret), 0);
+    cr_assert_eq(ret, &eb_live_bytes, "the worker ran out of memory");
+    size_t dirty = gsi_segments_dirty_bytes();
+    cr_assert_leq(dirty, eb_live_bytes * 3 / 4,
+                  "%zu bytes of empty slots committed for %zu live", dirty, eb_live_bytes);
+    for (int i = 0; i < EB_N; i++)
+        free(eb_p[i]);
+}
+
 /* ---- full slabs kept by a heap that adopts its own back (heap.c) ---- */
 
 #define KF_SIZE 64
