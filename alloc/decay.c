@@ -26,8 +26,8 @@
  *
  * malloc_trim gives back every free object of the calling heap's lists at
  * once (gsi_heap_decay_now), idle or not; an owner that gives up a slab
- * with free objects gives theirs back past the orphans' budget
- * (gsi_slab_decay_orphan).
+ * with free objects gives theirs back past the orphans' budget (heap.c,
+ * orphan_keep).
  */
 #include "alloc/internal.h"
 
@@ -128,31 +128,19 @@ static size_t decay_slab_now(struct gs_slab *s, uint32_t pass)
     return decommit_objects(s, mask) + (size_t)__builtin_popcount(again) * s->obj_size;
 }
 
-/* A slab that loses its owner with free objects goes on its class's
-   orphan list (thread exit; a sweep settling a slab it adopted), where
-   nobody decays it, and it may wait long for an adopter: 2000 blocks of
-   33..256 KiB, 75 % freed by a thread that then exited, left 225 MB
-   resident for 72 MB live (jemalloc 81 MB, mimalloc 112 MB). Giving every
-   orphan's free pages back made a program that starts threads one after
-   another, each leaving 12 of its 16 medium blocks free, 12 times slower
-   (each thread faulted the last one's pages back in). So orphans keep a
-   quarter of the empty-slab cache (GRACESLAB_EMPTY_CACHE_MB, 8 MiB)
-   of free medium objects committed, for the next adopter, and a slab
-   that would go over it gives its free pages back now. */
-_Atomic size_t gsi_orphan_free_bytes;
-
-uint32_t gsi_slab_decay_orphan(struct gs_slab *s)
+/* Orphans (heap.c, "orphans"): the owner of a medium slab it is about to
+   give up finds the free objects that still have their pages, and gives
+   them back if the orphans' budget has no room for them. */
+uint32_t gsi_slab_committed_free(struct gs_slab *s)
 {
     if (gsi_valgrind || s->cls < GS_FIRST_MEDIUM_CLASS)
         return 0;
-    uint32_t mask = local_free_mask(s) & ~(uint32_t)s->decayed;
-    uint32_t n = (uint32_t)__builtin_popcount(mask);
-    size_t keep = ((size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20) / 4;
-    if (atomic_load_explicit(&gsi_orphan_free_bytes, memory_order_relaxed) +
-            (size_t)n * s->obj_size <= keep)
-        return n;
+    return local_free_mask(s) & ~(uint32_t)s->decayed;
+}
+
+void gsi_slab_decommit_free(struct gs_slab *s, uint32_t mask)
+{
     decommit_objects(s, mask);
-    return 0;
 }
 
 /* Visits every medium slab of h that may have objects on its local free

@@ -220,7 +220,7 @@ struct gs_slab {
     /* Set (under orphan_lock[cls]) while on the orphan list. */
     bool orphaned;
     /* Medium slabs, while orphaned (orphan_lock[cls]): free objects left
-       committed, counted in gsi_orphan_free_bytes (decay.c). */
+       committed, counted in the orphans' budget (heap.c, orphan_keep). */
     uint8_t orphan_free;
     /* Owner field, in the padding: objects [zero_from, capacity) hold
        only zero bytes — never handed out since the slab was formatted on
@@ -580,14 +580,11 @@ size_t gsi_heap_own_kept_bytes(void);    /* empty slabs heaps keep of their own,
    empties h's slab of class cls. */
 void gsi_heap_decay(struct gs_heap *h, unsigned cls);
 size_t gsi_heap_decay_now(struct gs_heap *h); /* malloc_trim: all free medium objects */
-/* The owner of s, a slab about to go on its class's orphan list, where
-   nothing decays: gives back the pages of its free medium objects if the
-   orphans' committed free objects would exceed their budget. Returns how
-   many it left committed (for gsi_orphan_push to count). */
-uint32_t gsi_slab_decay_orphan(struct gs_slab *s);
-/* Bytes of the free objects orphaned medium slabs keep committed
-   (orphan_free of each; relaxed: a budget's estimate). */
-extern _Atomic size_t gsi_orphan_free_bytes;
+/* The owner of s, a slab it is about to give up (heap.c, orphan_keep):
+   its free medium objects that still have pages, one bit each (0 for a
+   small slab, and under memcheck); and giving those of mask back. */
+uint32_t gsi_slab_committed_free(struct gs_slab *s);
+void gsi_slab_decommit_free(struct gs_slab *s, uint32_t mask);
 /* Bytes of free medium objects whose pages decay gave back (statistics:
    not committed). */
 extern _Atomic int64_t gsi_decayed_bytes; /* (signed: see decay.c) */
@@ -821,6 +818,9 @@ void gsi_heap_free_emptied(const void *p, struct gs_slab *s);
 void gsi_heap_take_adopted(struct gs_heap *h, struct gs_slab *s);
 /* Orphan lists: ownerless slabs that still hold free or pending objects. */
 void gsi_orphan_push(struct gs_slab *s, uint32_t committed_free);
+/* Bytes of the free medium objects orphans keep committed (heap.c,
+   orphan_keep; relaxed, read by the budget's check and tests). */
+extern _Atomic size_t gsi_orphan_free_bytes;
 void gsi_orphan_remove(struct gs_slab *s);
 void gsi_heaps_foreach(void (*fn)(struct gs_heap *, void *), void *arg);
 void gsi_heap_init_once(void);
