@@ -335,7 +335,8 @@ static void give_up_slab(struct gs_heap *h, struct gs_slab *s, bool evicted);
    slab's free list), under the list's lock, as orphan_adopt does, so that
    it cannot be retired in between; an entry whose slab has an owner
    already (adopted without unlinking it: gs_free_rcu, sweeps) just
-   leaves the list and the count. False if no orphan keeps anything. */
+   leaves the list and the count. False if it found no orphan that keeps
+   anything. */
 static bool orphan_evict(struct gs_heap *h)
 {
     struct orphan_list *o = NULL;
@@ -352,8 +353,14 @@ static bool orphan_evict(struct gs_heap *h)
     struct gs_slab *s;
     bool adopted = false;
     pthread_mutex_lock(&o->lock);
+    /* Bounded: orphans with nothing committed pile up too (given back,
+       or evicted already), and this runs once per slab a thread gives up. */
+    int steps = 0;
     for (s = o->last; s && !s->orphan_free; s = s->orphan_prev)
-        ;
+        if (++steps == 64) {
+            s = NULL;
+            break;
+        }
     if (s) {
         orphan_unlink_locked(o, s);
         adopted = gsi_slab_adopt(h, s);
