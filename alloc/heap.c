@@ -1098,6 +1098,10 @@ void gsi_heaps_pending(int64_t *per_class, uint64_t *reclaimed)
     gsi_heaps_foreach(sum_pending, &acc);
 }
 
+/* A heap that frees into a class it does not allocate (a consumer) keeps
+   at most this many of the slabs it took over of that class. */
+#define GS_CONSUMER_PARTIAL 8
+
 void gsi_heap_take_adopted(struct gs_heap *h, struct gs_slab *s)
 {
     /* Read after the adopting CAS (acquire), which the releaser's CAS
@@ -1108,6 +1112,17 @@ void gsi_heap_take_adopted(struct gs_heap *h, struct gs_slab *s)
     gsi_slab_collect(s);
     make_partial(h, s);
     poll_partial(h, s->cls);
+    /* A consumer's takeovers keep the holes its frees make where only it
+       could reuse them, and it never allocates the class: a thread that
+       frees the blocks another replaces, some of them long-lived, left the
+       allocating thread making new slabs while the old ones stayed partly
+       used for good (16.5 MB live, 119 MB peak RSS; jemalloc 46 MB,
+       mimalloc 44). So beyond a few, the slab it looked at longest ago goes
+       to the orphan list, where the allocating heaps' refills find it
+       before they make a new one. */
+    struct gs_slab_list *l = &h->partial[s->cls];
+    if (h->active[s->cls] == &gsi_empty_slab && l->count > GS_CONSUMER_PARTIAL && l->last != s)
+        abandon_slab(h, l->last);
 }
 
 /* ------------------------------------------------------------ abandonment */

@@ -304,6 +304,71 @@ Test(heap, consumer_keeps_no_more_than_it_made_active)
         free(p[i]);
 }
 
+/* A consumer that never allocates the class: frees 7 of every 8 blocks
+   another thread allocated (the eighth lives on), then waits while that
+   thread allocates as many as it freed. The holes must be reusable by the
+   allocating thread: the consumer keeps only a few of the slabs it took
+   over, the rest wait on the orphan list, and the producer refills from
+   them instead of mapping new slabs (it mapped a new slab for every 224
+   blocks when the consumer kept them all: 16.5 MB live, 119 MB peak RSS
+   in a helper's program where a thread freed the entries another
+   replaced). */
+struct holes {
+    void **blocks;
+    size_t n;
+    size_t partial; /* the consumer's partial slabs of the class after */
+    pthread_barrier_t freed, reallocated;
+};
+
+static void *free_7_of_8(void *arg)
+{
+    struct holes *c = arg;
+    for (size_t i = 0; i < c->n; i++)
+        if (i % 8) {
+            free(c->blocks[i]);
+            c->blocks[i] = NULL;
+        }
+    c->partial = gsi_tls_mine->partial[gsi_size_class(256)].count;
+    pthread_barrier_wait(&c->freed);
+    pthread_barrier_wait(&c->reallocated);
+    return NULL;
+}
+
+Test(heap, consumer_leaves_its_holes_to_the_allocating_thread)
+{
+    enum { N = 64 * 256 }; /* 64 slabs of 256-byte blocks */
+    static void *p[N], *q[N];
+    for (int i = 0; i < N; i++)
+        cr_assert_not_null(p[i] = malloc(256));
+    size_t slab_bytes = (size_t)gsi_slab_of(p[0])->span * GS_SLOT_SIZE;
+    struct holes c = {.blocks = p, .n = N};
+    pthread_barrier_init(&c.freed, NULL, 2);
+    pthread_barrier_init(&c.reallocated, NULL, 2);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, free_7_of_8, &c), 0);
+    pthread_barrier_wait(&c.freed);
+    struct gs_stats before, after;
+    gs_stats_get(&before);
+    size_t nq = 0;
+    for (int i = 0; i < N * 3 / 4; i++)
+        cr_assert_not_null(q[nq++] = malloc(256));
+    gs_stats_get(&after);
+    pthread_barrier_wait(&c.reallocated);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    pthread_barrier_destroy(&c.freed);
+    pthread_barrier_destroy(&c.reallocated);
+    cr_assert_leq(c.partial, 16, "the consumer kept %zu partly used slabs", c.partial);
+    cr_assert_leq(after.mapped_bytes, before.mapped_bytes + slab_bytes,
+                  "the allocating thread mapped %zu KiB more with the holes of %d blocks free",
+                  (after.mapped_bytes - before.mapped_bytes) >> 10, N * 7 / 8);
+    cr_assert_leq(after.slabs, before.slabs + 1, "%zu slabs made for the holes' worth",
+                  after.slabs - before.slabs);
+    for (size_t i = 0; i < nq; i++)
+        free(q[i]);
+    for (int i = 0; i < N; i++)
+        free(p[i]);
+}
+
 /* Beyond its own 2 MiB, a heap keeps empty slabs from a budget all heaps
    share (here 4 MiB) and retires the rest. While one heap holds the whole
    budget another keeps only its own 2 MiB; malloc_trim gives the kept
