@@ -327,7 +327,13 @@ void gsi_orphan_remove(struct gs_slab *s)
     pthread_mutex_unlock(&o->lock);
 }
 
-static void give_up_slab(struct gs_heap *h, struct gs_slab *s, bool evicted);
+/* Why a heap gives a slab up (give_up_slab). */
+enum give_up {
+    GIVE_UP_ABANDON, /* thread exit, fork child, a sweep settling a slab */
+    GIVE_UP_EVICT,   /* an orphan adopted to give its free pages back */
+    GIVE_UP_SHED,    /* a partial slab past GS_TAKEOVER_PARTIAL */
+};
+static void give_up_slab(struct gs_heap *h, struct gs_slab *s, enum give_up why);
 
 /* Makes room in the orphans' budget: the medium class whose orphans keep
    the most free bytes committed gives back those of its oldest orphan
@@ -367,7 +373,7 @@ static bool orphan_evict(struct gs_heap *h)
     }
     pthread_mutex_unlock(&o->lock);
     if (adopted)
-        give_up_slab(h, s, true);
+        give_up_slab(h, s, GIVE_UP_EVICT);
     return s != NULL;
 }
 
@@ -1098,9 +1104,9 @@ void gsi_heaps_pending(int64_t *per_class, uint64_t *reclaimed)
     gsi_heaps_foreach(sum_pending, &acc);
 }
 
-/* A heap that frees into a class it does not allocate (a consumer) keeps
-   at most this many of the slabs it took over of that class. */
-#define GS_CONSUMER_PARTIAL 8
+/* Partial slabs of a class a heap keeps when it takes one over by freeing
+   into it (see gsi_heap_take_adopted). */
+#define GS_TAKEOVER_PARTIAL 2
 
 void gsi_heap_take_adopted(struct gs_heap *h, struct gs_slab *s)
 {
@@ -1112,29 +1118,35 @@ void gsi_heap_take_adopted(struct gs_heap *h, struct gs_slab *s)
     gsi_slab_collect(s);
     make_partial(h, s);
     poll_partial(h, s->cls);
-    /* A consumer's takeovers keep the holes its frees make where only it
-       could reuse them, and it never allocates the class: a thread that
+    /* Takeovers keep the holes a heap's frees make where only it can reuse
+       them, at the rate it allocates the class, if at all. A thread that
        frees the blocks another replaces, some of them long-lived, left the
        allocating thread making new slabs while the old ones stayed partly
        used for good (16.5 MB live, 119 MB peak RSS; jemalloc 46 MB,
-       mimalloc 44). So beyond a few, the slab it looked at longest ago goes
-       to the orphan list, where the allocating heaps' refills find it
-       before they make a new one. */
+       mimalloc 44); a pool whose 12 workers free the producers' blocks
+       and allocate fewer of their own held about 3.5 slabs per class and
+       worker, most of their objects freed onto remote chains the workers
+       had not reached (6.6 MB live, 92 MB; jemalloc 28). So beyond a
+       couple, the slab looked at longest ago goes to the orphan list,
+       where the allocating heaps' refills take it (and its chain) before
+       they make a new one. Not when a heap takes back a slab it released
+       itself (a thread freeing its own blocks: those go back to it, and its
+       decay passes see them), and a slab shed here is released as nobody's,
+       so that the heap taking it back by a free, even this one, sheds
+       again. */
     struct gs_slab_list *l = &h->partial[s->cls];
-    if (h->active[s->cls] == &gsi_empty_slab && l->count > GS_CONSUMER_PARTIAL && l->last != s)
-        abandon_slab(h, l->last);
+    if (s->released_by != h->id && l->count > GS_TAKEOVER_PARTIAL && l->last != s)
+        give_up_slab(h, l->last, GIVE_UP_SHED);
 }
 
 /* ------------------------------------------------------------ abandonment */
 
 static void abandon_slab(struct gs_heap *h, struct gs_slab *s)
 {
-    give_up_slab(h, s, false);
+    give_up_slab(h, s, GIVE_UP_ABANDON);
 }
 
-/* evicted: s is an orphan h adopted to give its free objects' pages back
-   (orphan_evict). */
-static void give_up_slab(struct gs_heap *h, struct gs_slab *s, bool evicted)
+static void give_up_slab(struct gs_heap *h, struct gs_slab *s, enum give_up why)
 {
     unlink_owned(h, s);
     /* An orphan adopted without leaving its list (gs_free_rcu, sweeps)
@@ -1154,8 +1166,8 @@ static void give_up_slab(struct gs_heap *h, struct gs_slab *s, bool evicted)
            may be adopted and its owner fields are someone else's. */
         useful = s->free_head != GS_LINK_END || s->bump < s->capacity;
         if (s->free_head != GS_LINK_END)
-            committed_free = orphan_keep(h, s, evicted);
-        if (gsi_slab_release(h, s))
+            committed_free = orphan_keep(h, s, why == GIVE_UP_EVICT);
+        if (gsi_slab_release_as(h, s, why == GIVE_UP_SHED ? 0 : h->id))
             break;
     }
     if (useful || gsi_slab_has_pending(s))

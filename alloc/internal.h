@@ -776,6 +776,9 @@ void gsi_slab_free_remote(struct gs_heap *h, struct gs_slab *s, uint32_t idx, co
 void gsi_remote_flush(struct gs_heap *h);
 /* Owner: gives s up if it has no remote frees in flight; true if done. */
 bool gsi_slab_release(struct gs_heap *h, struct gs_slab *s);
+/* The same, recording released_by as the releaser (0: nobody's, so that
+   no heap counts taking it back as adopting back its own). */
+bool gsi_slab_release_as(struct gs_heap *h, struct gs_slab *s, uint32_t released_by);
 /* Takes an ownerless slab; true on success (acquire). */
 bool gsi_slab_adopt(struct gs_heap *h, struct gs_slab *s);
 /* The slab and index of the small block p (in a segment), or aborts naming

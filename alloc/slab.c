@@ -186,12 +186,17 @@ bool gsi_slab_adopt(struct gs_heap *h, struct gs_slab *s)
 
 bool gsi_slab_release(struct gs_heap *h, struct gs_slab *s)
 {
+    return gsi_slab_release_as(h, s, h->id);
+}
+
+bool gsi_slab_release_as(struct gs_heap *h, struct gs_slab *s, uint32_t released_by)
+{
     /* Clear the mirror first: once the CAS below succeeds, an adopter may
        store its own heap there, and ours must not overwrite it. */
     atomic_store_explicit(&s->owner_key, 0, memory_order_relaxed);
     uint64_t x = atomic_load_explicit(&s->xstate, memory_order_relaxed);
     GS_ASSERT(GS_X_OWNER(x) == h->id);
-    s->released_by = h->id; /* published by the CAS below */
+    s->released_by = released_by; /* published by the CAS below */
     /* Release pairs with the acquire CAS of the next adopter. Fails when a
        remote free got in: the caller collects and retries. */
     if (GS_X_COUNT(x) == 0 &&
