@@ -146,7 +146,11 @@ static uint32_t heap_next_id = 1;   /* heap_lock */
 
 struct orphan_list {
     pthread_mutex_t lock;
-    struct gs_slab *first, *last; /* newest first */
+    /* Orphans that keep free objects committed (orphan_free > 0), newest
+       first; and those that keep none (their free pages given back, or
+       only never-used or pending objects), which refills take last. */
+    struct gs_slab *first, *last;
+    struct gs_slab *bare;
     _Atomic size_t count; /* racy hint read without the lock */
     /* Bytes of the free objects its slabs keep committed (orphan_free of
        each; written under the lock, read as a hint by orphan_evict). */
@@ -251,7 +255,13 @@ static void make_partial(struct gs_heap *h, struct gs_slab *s)
    of free objects committed for the next adopter (orphan_keep), the
    oldest of the class that keeps the most giving theirs back first
    (orphan_evict), so that orphans nobody adopts do not hold the budget for
-   good. Bytes, the sum of each listed slab's orphan_free objects, added
+   good (first come first served, a review's program that once left 500
+   blocks of 36 KB free in an exiting thread then ran every later thread
+   6 to 11 times slower). Orphans that keep nothing wait on a list of
+   their own, so that refills take committed ones first and eviction finds
+   the oldest committed one without a walk (a walk bounded at 64 found
+   none behind a pile of bare ones, and the budget was held for good
+   again). Bytes, the sum of each listed slab's orphan_free objects, added
    and taken off under the class's lock. */
 _Atomic size_t gsi_orphan_free_bytes;
 
@@ -281,12 +291,19 @@ void gsi_orphan_push(struct gs_slab *s, uint32_t committed_free)
                               atomic_load_explicit(&o->free_bytes, memory_order_relaxed) + bytes,
                               memory_order_relaxed);
         s->orphan_prev = NULL;
-        s->orphan_next = o->first;
-        if (o->first)
-            o->first->orphan_prev = s;
-        else
-            o->last = s;
-        o->first = s;
+        if (committed_free) {
+            s->orphan_next = o->first;
+            if (o->first)
+                o->first->orphan_prev = s;
+            else
+                o->last = s;
+            o->first = s;
+        } else {
+            s->orphan_next = o->bare;
+            if (o->bare)
+                o->bare->orphan_prev = s;
+            o->bare = s;
+        }
         atomic_fetch_add_explicit(&o->count, 1, memory_order_relaxed);
     }
     pthread_mutex_unlock(&o->lock);
@@ -294,13 +311,17 @@ void gsi_orphan_push(struct gs_slab *s, uint32_t committed_free)
 
 static void orphan_unlink_locked(struct orphan_list *o, struct gs_slab *s)
 {
+    /* orphan_free, set when listed, says which list. */
+    bool kept = s->orphan_free != 0;
     if (s->orphan_prev)
         s->orphan_prev->orphan_next = s->orphan_next;
-    else
+    else if (kept)
         o->first = s->orphan_next;
+    else
+        o->bare = s->orphan_next;
     if (s->orphan_next)
         s->orphan_next->orphan_prev = s->orphan_prev;
-    else
+    else if (kept)
         o->last = s->orphan_prev;
     s->orphan_next = s->orphan_prev = NULL;
     s->orphaned = false;
@@ -337,12 +358,12 @@ static void give_up_slab(struct gs_heap *h, struct gs_slab *s, enum give_up why)
 
 /* Makes room in the orphans' budget: the medium class whose orphans keep
    the most free bytes committed gives back those of its oldest orphan
-   that keeps any. h adopts that orphan to do it (only an owner may walk a
-   slab's free list), under the list's lock, as orphan_adopt does, so that
-   it cannot be retired in between; an entry whose slab has an owner
-   already (adopted without unlinking it: gs_free_rcu, sweeps) just
-   leaves the list and the count. False if it found no orphan that keeps
-   anything. */
+   that keeps any (the last of its first list). h adopts that orphan to do
+   it (only an owner may walk a slab's free list), under the list's lock,
+   as orphan_adopt does, so that it cannot be retired in between; an entry
+   whose slab has an owner already (adopted without unlinking it:
+   gs_free_rcu, sweeps) just leaves the list and the count. False if no
+   orphan keeps anything. */
 static bool orphan_evict(struct gs_heap *h)
 {
     struct orphan_list *o = NULL;
@@ -356,17 +377,9 @@ static bool orphan_evict(struct gs_heap *h)
     }
     if (!o)
         return false;
-    struct gs_slab *s;
     bool adopted = false;
     pthread_mutex_lock(&o->lock);
-    /* Bounded: orphans with nothing committed pile up too (given back,
-       or evicted already), and this runs once per slab a thread gives up. */
-    int steps = 0;
-    for (s = o->last; s && !s->orphan_free; s = s->orphan_prev)
-        if (++steps == 64) {
-            s = NULL;
-            break;
-        }
+    struct gs_slab *s = o->last;
     if (s) {
         orphan_unlink_locked(o, s);
         adopted = gsi_slab_adopt(h, s);
@@ -378,19 +391,28 @@ static bool orphan_evict(struct gs_heap *h)
 }
 
 /* The owner of s, about to give it up: how many of its free objects it
-   may leave committed on the orphan list (0: it gave their pages back). */
-static uint32_t orphan_keep(struct gs_heap *h, struct gs_slab *s, bool evicted)
+   may leave committed on the orphan list (0: it gave their pages back).
+   A slab shed by a live heap (GIVE_UP_SHED) keeps them whatever the
+   budget: an allocating heap of the class likely adopts it soon, and a
+   consumer in a pipeline of medium blocks that gave each shed slab's pages
+   back ran 3 to 5 times slower (a review's bench/handoff with 36..200 KB
+   blocks: 0.04 M replacements/s against 0.2, 517,000 page faults against
+   121,000). What it keeps counts, so the next thread exit or sweep that
+   gives a slab up makes room by eviction. */
+static uint32_t orphan_keep(struct gs_heap *h, struct gs_slab *s, enum give_up why)
 {
     uint32_t mask = gsi_slab_committed_free(s);
     if (!mask)
         return 0;
-    size_t bytes = (size_t)__builtin_popcount(mask) * s->obj_size;
-    /* A few evictions at most: each is an adoption and a madvise, and this
-       runs at thread exit, once per slab. */
-    for (int tries = 0; !evicted && tries < 4; tries++) {
+    uint32_t n = (uint32_t)__builtin_popcount(mask);
+    if (why == GIVE_UP_SHED)
+        return n;
+    size_t bytes = (size_t)n * s->obj_size;
+    /* A few evictions at most: each is an adoption and a madvise. */
+    for (int tries = 0; why == GIVE_UP_ABANDON && tries < 4; tries++) {
         if (atomic_load_explicit(&gsi_orphan_free_bytes, memory_order_relaxed) + bytes <=
             orphan_budget())
-            return (uint32_t)__builtin_popcount(mask);
+            return n;
         if (!orphan_evict(h))
             break;
     }
@@ -405,8 +427,8 @@ static struct gs_slab *orphan_adopt(struct gs_heap *h, unsigned cls)
         return NULL;
     struct gs_slab *got = NULL;
     pthread_mutex_lock(&o->lock);
-    while (!got && o->first) {
-        struct gs_slab *s = o->first;
+    struct gs_slab *s;
+    while (!got && ((s = o->first) || (s = o->bare))) {
         orphan_unlink_locked(o, s);
         if (gsi_slab_adopt(h, s))
             got = s;
@@ -1166,7 +1188,7 @@ static void give_up_slab(struct gs_heap *h, struct gs_slab *s, enum give_up why)
            may be adopted and its owner fields are someone else's. */
         useful = s->free_head != GS_LINK_END || s->bump < s->capacity;
         if (s->free_head != GS_LINK_END)
-            committed_free = orphan_keep(h, s, why == GIVE_UP_EVICT);
+            committed_free = orphan_keep(h, s, why);
         if (gsi_slab_release_as(h, s, why == GIVE_UP_SHED ? 0 : h->id))
             break;
     }
