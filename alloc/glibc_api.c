@@ -38,6 +38,7 @@ GS_EXPORT int malloc_trim(size_t pad)
         gsi_remote_flush(h);
         gsi_heap_trim(h); /* into the segments, decommitted just below */
         bytes += gsi_heap_decay_now(h);
+        bytes += gsi_heap_trim_orphans(h);
     }
     bytes += gsi_segments_purge(true);
     bytes += gsi_large_trim(true);

@@ -354,6 +354,10 @@ struct gs_heap {
     uint16_t keep_credit[GS_NCLASSES];
     uint64_t decay_ns;                         /* last decay pass; 0: no medium slab yet (decay.c) */
     uint32_t decay_pass;                       /* passes made (decay.c) */
+    /* Per class, the class's demand count (heap.c, class_demand) this
+       heap saw last, and the sheds it may still make since then. */
+    uint32_t demand_seen[GS_NCLASSES];
+    uint16_t shed_credit[GS_NCLASSES];
     /* This thread's latest remote frees into one slab another heap owns:
        chained through their REMOTE links but not yet pushed onto the
        slab's remote chain (slab.c, gsi_remote_flush). Owner thread only,
@@ -580,6 +584,9 @@ size_t gsi_heap_own_kept_bytes(void);    /* empty slabs heaps keep of their own,
    empties h's slab of class cls. */
 void gsi_heap_decay(struct gs_heap *h, unsigned cls);
 size_t gsi_heap_decay_now(struct gs_heap *h); /* malloc_trim: all free medium objects */
+/* malloc_trim: h gives back the free pages every orphan keeps committed
+   (heap.c, orphan_evict); returns the bytes. */
+size_t gsi_heap_trim_orphans(struct gs_heap *h);
 /* The owner of s, a slab it is about to give up (heap.c, orphan_keep):
    its free medium objects that still have pages, one bit each (0 for a
    small slab, and under memcheck); and giving those of mask back. */

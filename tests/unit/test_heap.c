@@ -385,6 +385,51 @@ Test(heap, allocating_consumer_leaves_its_holes_too)
     check_holes_reused(true);
 }
 
+/* With nobody allocating the class, a heap freeing another's blocks stops
+   shedding the slabs it takes over once its credit is spent (a thread that
+   frees, in a random order, the million blocks another thread built and
+   keeps: every free took over a slab and shed another, 5.6 times slower).
+   The producer allocates, then only waits; the consumer frees all but the
+   first block of each of 1200 slabs, one block per slab in turn. */
+enum { PP_SLABS = 1200 };
+struct pingpong {
+    void **blocks;
+    size_t cap;
+    size_t partial;
+};
+
+static void *free_across_slabs(void *arg)
+{
+    struct pingpong *c = arg;
+    for (size_t r = 1; r < c->cap; r++)
+        for (size_t k = 0; k < PP_SLABS; k++)
+            free(c->blocks[k * c->cap + r]);
+    c->partial = gsi_tls_mine->partial[gsi_size_class(256)].count;
+    return NULL;
+}
+
+Test(heap, no_shedding_without_demand, .timeout = 60)
+{
+    size_t cap = gsi_classes[gsi_size_class(256)].capacity;
+    size_t n = PP_SLABS * cap;
+    void **p = gst_raw_array(n);
+    cr_assert_not_null(p);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_not_null(p[i] = malloc(256));
+    for (size_t k = 0; k < PP_SLABS; k++)
+        cr_assert_eq(gsi_slab_of(p[k * cap]), gsi_slab_of(p[k * cap + cap - 1]),
+                     "slab %zu not filled in order", k);
+    struct pingpong c = {.blocks = p, .cap = cap};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, free_across_slabs, &c), 0);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    cr_assert_geq(c.partial, PP_SLABS - 100,
+                  "the consumer kept %zu of %d slabs: it went on shedding", c.partial,
+                  PP_SLABS);
+    for (size_t k = 0; k < PP_SLABS; k++)
+        free(p[k * cap]);
+}
+
 /* Beyond its own 2 MiB, a heap keeps empty slabs from a budget all heaps
    share (here 4 MiB) and retires the rest. While one heap holds the whole
    budget another keeps only its own 2 MiB; malloc_trim gives the kept
@@ -1637,6 +1682,25 @@ Test(heap, exiting_thread_keeps_free_medium_objects_within_budget)
        refill also extends an adopted slab into its never-used objects, so
        some orphans may wait on). */
     cr_assert_lt(after, (size_t)nfree * obj);
+}
+
+/* malloc_trim gives back the free pages orphans keep within their budget
+   (orphan_evict until none keeps any): nothing else would while no thread
+   gives up a slab. */
+Test(heap, malloc_trim_gives_back_orphans_pages)
+{
+    xm_defers = false;
+    xm_run_worker(true);
+    cr_assert_gt(atomic_load(&gsi_orphan_free_bytes), 0);
+    cr_assert_eq(malloc_trim(0), 1);
+    cr_assert_eq(atomic_load(&gsi_orphan_free_bytes), 0);
+    size_t obj = gsi_slab_of(xm_p[0])->obj_size;
+    for (int i = 0; i < XM_N; i++)
+        if (!xm_live[i])
+            cr_assert_eq(resident_pages(xm_p[i], obj), 0, "free object %d kept its pages", i);
+    for (int i = 0; i < XM_N; i++)
+        if (xm_live[i])
+            free(xm_p[i]);
 }
 
 /* Orphans that nobody adopts do not hold the orphans' budget for good: a
