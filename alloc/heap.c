@@ -144,13 +144,17 @@ static struct gs_heap *heap_all;    /* every heap ever made (heap_lock) */
 static struct gs_heap *heap_pool;   /* heaps without a thread (heap_lock) */
 static uint32_t heap_next_id = 1;   /* heap_lock */
 
+/* Newest first, linked through orphan_next/orphan_prev. */
+struct orphan_chain {
+    struct gs_slab *first, *last;
+};
+
 struct orphan_list {
     pthread_mutex_t lock;
     /* Orphans that keep free objects committed (orphan_free > 0), newest
        first; and those that keep none (their free pages given back, or
        only never-used or pending objects), which refills take last. */
-    struct gs_slab *first, *last;
-    struct gs_slab *bare;
+    struct orphan_chain kept, bare;
     _Atomic size_t count; /* racy hint read without the lock */
     /* Bytes of the free objects its slabs keep committed (orphan_free of
        each; written under the lock, read as a hint by orphan_evict). */
@@ -294,20 +298,14 @@ void gsi_orphan_push(struct gs_slab *s, uint32_t committed_free)
         atomic_store_explicit(&o->free_bytes,
                               atomic_load_explicit(&o->free_bytes, memory_order_relaxed) + bytes,
                               memory_order_relaxed);
+        struct orphan_chain *c = committed_free ? &o->kept : &o->bare;
         s->orphan_prev = NULL;
-        if (committed_free) {
-            s->orphan_next = o->first;
-            if (o->first)
-                o->first->orphan_prev = s;
-            else
-                o->last = s;
-            o->first = s;
-        } else {
-            s->orphan_next = o->bare;
-            if (o->bare)
-                o->bare->orphan_prev = s;
-            o->bare = s;
-        }
+        s->orphan_next = c->first;
+        if (c->first)
+            c->first->orphan_prev = s;
+        else
+            c->last = s;
+        c->first = s;
         atomic_fetch_add_explicit(&o->count, 1, memory_order_relaxed);
     }
     pthread_mutex_unlock(&o->lock);
@@ -315,18 +313,16 @@ void gsi_orphan_push(struct gs_slab *s, uint32_t committed_free)
 
 static void orphan_unlink_locked(struct orphan_list *o, struct gs_slab *s)
 {
-    /* orphan_free, set when listed, says which list. */
-    bool kept = s->orphan_free != 0;
+    /* orphan_free, set when listed, says which chain. */
+    struct orphan_chain *c = s->orphan_free ? &o->kept : &o->bare;
     if (s->orphan_prev)
         s->orphan_prev->orphan_next = s->orphan_next;
-    else if (kept)
-        o->first = s->orphan_next;
     else
-        o->bare = s->orphan_next;
+        c->first = s->orphan_next;
     if (s->orphan_next)
         s->orphan_next->orphan_prev = s->orphan_prev;
-    else if (kept)
-        o->last = s->orphan_prev;
+    else
+        c->last = s->orphan_prev;
     s->orphan_next = s->orphan_prev = NULL;
     s->orphaned = false;
     size_t bytes = s->orphan_free * s->obj_size;
@@ -362,7 +358,7 @@ static void give_up_slab(struct gs_heap *h, struct gs_slab *s, enum give_up why)
 
 /* Makes room in the orphans' budget: the medium class whose orphans keep
    the most free bytes committed gives back those of its oldest orphan
-   that keeps any (the last of its first list). h adopts that orphan to do
+   that keeps any (the last of its kept chain). h adopts that orphan to do
    it (only an owner may walk a slab's free list), under the list's lock,
    as orphan_adopt does, so that it cannot be retired in between; an entry
    whose slab has an owner already (adopted without unlinking it:
@@ -383,7 +379,7 @@ static bool orphan_evict(struct gs_heap *h)
         return false;
     bool adopted = false;
     pthread_mutex_lock(&o->lock);
-    struct gs_slab *s = o->last;
+    struct gs_slab *s = o->kept.last;
     if (s) {
         orphan_unlink_locked(o, s);
         adopted = gsi_slab_adopt(h, s);
@@ -432,7 +428,7 @@ static struct gs_slab *orphan_adopt(struct gs_heap *h, unsigned cls)
     struct gs_slab *got = NULL;
     pthread_mutex_lock(&o->lock);
     struct gs_slab *s;
-    while (!got && ((s = o->first) || (s = o->bare))) {
+    while (!got && ((s = o->kept.first) || (s = o->bare.first))) {
         orphan_unlink_locked(o, s);
         if (gsi_slab_adopt(h, s))
             got = s;
@@ -1223,8 +1219,7 @@ static void give_up_slab(struct gs_heap *h, struct gs_slab *s, enum give_up why)
     for (;;) {
         gsi_slab_collect(s);
         if (s->used == 0 && !gsi_slab_has_pending(s)) {
-            gsi_orphan_remove(s);
-            gsi_slab_retire(s);
+            gsi_slab_retire(s); /* unlisted above; owned, so not listed since */
             return;
         }
         /* Read while still the owner: after the release below the slab

@@ -240,6 +240,35 @@ static void *churn_thread(void *arg)
     return NULL;
 }
 
+/* A worker thread that does its part, then pauses (handshake_pause) while
+   the test looks, until handshake_finish lets it go on and joins it. */
+struct handshake {
+    pthread_barrier_t paused, resumed;
+    pthread_t thread;
+};
+
+static void handshake_start(struct handshake *hs, void *(*fn)(void *), void *arg)
+{
+    pthread_barrier_init(&hs->paused, NULL, 2);
+    pthread_barrier_init(&hs->resumed, NULL, 2);
+    cr_assert_eq(pthread_create(&hs->thread, NULL, fn, arg), 0);
+    pthread_barrier_wait(&hs->paused);
+}
+
+static void handshake_pause(struct handshake *hs)
+{
+    pthread_barrier_wait(&hs->paused);
+    pthread_barrier_wait(&hs->resumed);
+}
+
+static void handshake_finish(struct handshake *hs)
+{
+    pthread_barrier_wait(&hs->resumed);
+    cr_assert_eq(pthread_join(hs->thread, NULL), 0);
+    pthread_barrier_destroy(&hs->paused);
+    pthread_barrier_destroy(&hs->resumed);
+}
+
 /* A consumer: allocates one block of class 700 B (one slab made active),
    then frees blocks another thread allocated, keeping no more than that one
    slab of those it empties; waits while the producer allocates as much
@@ -247,7 +276,7 @@ static void *churn_thread(void *arg)
 struct consumer {
     void **blocks;
     size_t n;
-    pthread_barrier_t freed, reallocated;
+    struct handshake hs;
     struct kept freeing, churning;
 };
 
@@ -258,8 +287,7 @@ static void *consume_700(void *arg)
     for (size_t i = 0; i < c->n; i++)
         free(c->blocks[i]);
     c->freeing = kept_of_class(gsi_size_class(700));
-    pthread_barrier_wait(&c->freed);
-    pthread_barrier_wait(&c->reallocated);
+    handshake_pause(&c->hs);
     free(mine);
     c->churning = churn_700();
     return NULL;
@@ -275,11 +303,7 @@ Test(heap, consumer_keeps_no_more_than_it_made_active)
         p[i] = malloc(700);
     size_t slab_bytes = (size_t)gsi_slab_of(p[0])->span * GS_SLOT_SIZE;
     struct consumer c = {.blocks = p, .n = N};
-    pthread_barrier_init(&c.freed, NULL, 2);
-    pthread_barrier_init(&c.reallocated, NULL, 2);
-    pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, consume_700, &c), 0);
-    pthread_barrier_wait(&c.freed);
+    handshake_start(&c.hs, consume_700, &c);
     /* The consumer lives on: what it emptied went back to the segments,
        committed, and the producer allocating as much again maps nothing
        beyond the one slab the consumer may keep. */
@@ -288,10 +312,7 @@ Test(heap, consumer_keeps_no_more_than_it_made_active)
     for (int i = 0; i < N; i++)
         p[i] = malloc(700);
     gs_stats_get(&after);
-    pthread_barrier_wait(&c.reallocated);
-    cr_assert_eq(pthread_join(t, NULL), 0);
-    pthread_barrier_destroy(&c.freed);
-    pthread_barrier_destroy(&c.reallocated);
+    handshake_finish(&c.hs);
     cr_assert_leq(c.freeing.own + c.freeing.shared, slab_bytes,
                   "a thread that made one slab of the class active kept %zu bytes of its "
                   "own and %zu shared",
@@ -318,7 +339,7 @@ struct holes {
     size_t n;
     bool allocates; /* the consumer allocates one block of the class first */
     size_t partial; /* the consumer's partial slabs of the class after */
-    pthread_barrier_t freed, reallocated;
+    struct handshake hs;
 };
 
 static void *free_7_of_8(void *arg)
@@ -331,8 +352,7 @@ static void *free_7_of_8(void *arg)
             c->blocks[i] = NULL;
         }
     c->partial = gsi_tls_mine->partial[gsi_size_class(256)].count;
-    pthread_barrier_wait(&c->freed);
-    pthread_barrier_wait(&c->reallocated);
+    handshake_pause(&c->hs);
     free(mine);
     return NULL;
 }
@@ -345,21 +365,14 @@ static void check_holes_reused(bool consumer_allocates)
         cr_assert_not_null(p[i] = malloc(256));
     size_t slab_bytes = (size_t)gsi_slab_of(p[0])->span * GS_SLOT_SIZE;
     struct holes c = {.blocks = p, .n = N, .allocates = consumer_allocates};
-    pthread_barrier_init(&c.freed, NULL, 2);
-    pthread_barrier_init(&c.reallocated, NULL, 2);
-    pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, free_7_of_8, &c), 0);
-    pthread_barrier_wait(&c.freed);
+    handshake_start(&c.hs, free_7_of_8, &c);
     struct gs_stats before, after;
     gs_stats_get(&before);
     size_t nq = 0;
     for (int i = 0; i < N * 3 / 4; i++)
         cr_assert_not_null(q[nq++] = malloc(256));
     gs_stats_get(&after);
-    pthread_barrier_wait(&c.reallocated);
-    cr_assert_eq(pthread_join(t, NULL), 0);
-    pthread_barrier_destroy(&c.freed);
-    pthread_barrier_destroy(&c.reallocated);
+    handshake_finish(&c.hs);
     cr_assert_leq(c.partial, 16, "the consumer kept %zu partly used slabs", c.partial);
     cr_assert_leq(after.mapped_bytes, before.mapped_bytes + slab_bytes,
                   "the allocating thread mapped %zu KiB more with the holes of %d blocks free",
@@ -1799,7 +1812,7 @@ struct shed {
     char **blocks;
     const bool *keep;
     int n;
-    pthread_barrier_t freed, checked;
+    struct handshake hs;
 };
 
 static void *free_unkept(void *arg)
@@ -1808,8 +1821,7 @@ static void *free_unkept(void *arg)
     for (int i = 0; i < c->n; i++)
         if (!c->keep[i])
             free(c->blocks[i]);
-    pthread_barrier_wait(&c->freed);
-    pthread_barrier_wait(&c->checked); /* alive while the main thread looks */
+    handshake_pause(&c->hs); /* alive while the main thread looks */
     return NULL;
 }
 
@@ -1822,17 +1834,12 @@ Test(heap, shed_slabs_keep_their_pages)
     static bool live[N];
     medium_objects(p, live, N, SIZE);
     struct shed c = {.blocks = p, .keep = live, .n = N};
-    pthread_barrier_init(&c.freed, NULL, 2);
-    pthread_barrier_init(&c.checked, NULL, 2);
-    pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, free_unkept, &c), 0);
-    pthread_barrier_wait(&c.freed);
+    handshake_start(&c.hs, free_unkept, &c);
     int shed = 0;
     for (int i = 0; i < N; i++)
         shed += live[i] && gsi_slab_of(p[i])->orphaned;
     check_medium_objects(p, live, live, N, SIZE, true);
-    pthread_barrier_wait(&c.checked);
-    cr_assert_eq(pthread_join(t, NULL), 0);
+    handshake_finish(&c.hs);
     cr_assert_gt(shed, 0, "the consumer shed no slab");
     for (int i = 0; i < N; i++)
         if (live[i])
