@@ -1,6 +1,7 @@
 /*
  * Decay: the pages of medium objects (above 32 KiB) that stay free go back
- * to the OS.
+ * to the OS, and so do the empty slabs a heap keeps that stay unused
+ * (heap.c, gsi_heap_retire_idle_kept).
  *
  * A freed medium object stays in its slab, and the slab goes back to its
  * segment only when all of its 4 to 8 objects are free. A program that
@@ -169,10 +170,11 @@ void gsi_heap_decay(struct gs_heap *h, unsigned cls)
     /* Under memcheck freed blocks stay as memcheck describes them. */
     if (gsi_valgrind)
         return;
-    /* A heap that never had a medium slab never reads the clock. */
+    /* A heap that never had a medium slab nor kept an empty one never
+       reads the clock. */
     if (!h->decay_ns && cls < GS_FIRST_MEDIUM_CLASS)
         return;
-    /* Read on every slow path of a heap with medium slabs (half the
+    /* Read on every slow path of a heap with medium or kept slabs (half the
        operations when 1000 medium blocks are replaced in turn): the
        coarse clock, unless the period is short enough for its tick to
        matter. */
@@ -186,6 +188,7 @@ void gsi_heap_decay(struct gs_heap *h, unsigned cls)
     /* A slab never looked at has idle_pass 0 and idle_free 0: at pass 1 it
        matches, with nothing idle. */
     visit_medium_slabs(h, decay_slab, ++h->decay_pass);
+    gsi_heap_retire_idle_kept(h);
 }
 
 /* malloc_trim: every object on h's medium local free lists goes back now,

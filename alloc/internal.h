@@ -209,7 +209,12 @@ struct gs_slab {
     struct gs_slab *next, *prev; /* heap partial/waiting list (owner) */
     struct gs_slab *orphan_next, *orphan_prev; /* orphan list (orphan_lock) */
     struct gs_cache *cache;  /* owning dedicated cache, NULL for malloc */
-    uint64_t wait_cookie;    /* waiting list: cookie it waits for */
+    union {
+        uint64_t wait_cookie; /* waiting list: cookie it waits for */
+        /* kept list: its heap's decay_pass when it was kept (heap.c,
+           gsi_heap_retire_idle_kept) */
+        uint32_t kept_pass;
+    };
 
     /* --- shared fields (and owner_key, above) --- */
     /* Owner id, remote chain: see GS_X_*. CAS by remote freers, adopters,
@@ -348,6 +353,10 @@ struct gs_heap {
        segments this heap claims (segment.c, place_locked). */
     uint32_t slabs_made;
     unsigned poll_cls;                         /* full_poll_other's turn */
+    unsigned partial_poll_cls;                 /* poll_partial_other's turn */
+    /* Bit c set while partial[c] has a slab (set by make_partial, cleared
+       when unlink_owned takes its last): poll_partial_other's map. */
+    uint64_t partial_classes[(GS_NCLASSES + 63) / 64];
     size_t empty_bytes;                        /* empty slabs kept on partial lists */
     /* Per class: slabs it may still keep when they empty, one earned per
        slab it made active (heap.c, gsi_heap_slab_empty). Owner only. */
@@ -583,6 +592,7 @@ size_t gsi_heap_own_kept_bytes(void);    /* empty slabs heaps keep of their own,
    called from h's allocation slow path for class cls, and when a free
    empties h's slab of class cls. */
 void gsi_heap_decay(struct gs_heap *h, unsigned cls);
+void gsi_heap_retire_idle_kept(struct gs_heap *h); /* heap.c; at a decay pass */
 size_t gsi_heap_decay_now(struct gs_heap *h); /* malloc_trim: all free medium objects */
 /* malloc_trim: h gives back the free pages every orphan keeps committed
    (heap.c, orphan_evict); returns the bytes. */

@@ -205,6 +205,109 @@ Test(heap, empty_slabs_retired_active_kept)
     free(q);
 }
 
+/* heap.c, gsi_heap_retire_idle_kept: empty slabs a heap keeps and no
+   refill takes go back to their segments at the second decay pass after
+   they were kept, not at the first; the active slab stays. */
+Test(heap, idle_kept_slabs_go_back)
+{
+    gsi_option_set(GSI_OPT_HEAP_SHARED_KEEP_MB, 0);
+    gsi_option_set(GSI_OPT_DECAY_MS, 1);
+    enum { N = 3000 }; /* about 32 slabs of 700 B: more than the 2 MiB kept */
+    static void *p[N];
+    unsigned cls = gsi_size_class(700);
+    struct gs_heap *h = gsi_tls_mine;
+    for (int i = 0; i < N; i++)
+        cr_assert_not_null(p[i] = malloc(700));
+    struct gs_slab *active = h->active[cls];
+    for (int i = 0; i < N; i++)
+        free(p[i]);
+    size_t kept = h->kept[cls].count;
+    cr_assert_gt(kept, 1, "nothing kept to begin with");
+    gst_sleep_ms(5);
+    gsi_heap_decay(h, cls);
+    cr_assert_eq(h->kept[cls].count, kept, "kept slabs retired at the first pass");
+    gst_sleep_ms(5);
+    gsi_heap_decay(h, cls);
+    cr_assert_eq(h->kept[cls].count, 0, "%zu kept slabs stayed after two passes",
+                 h->kept[cls].count);
+    cr_assert_eq(h->empty_bytes, 0);
+    cr_assert_eq(h->active[cls], active, "the active slab went too");
+    /* Slabs kept again later start anew. */
+    for (int i = 0; i < N; i++)
+        cr_assert_not_null(p[i] = malloc(700));
+    for (int i = 0; i < N; i++)
+        free(p[i]);
+    cr_assert_gt(h->kept[cls].count, 1);
+    gst_sleep_ms(5);
+    gsi_heap_decay(h, cls);
+    cr_assert_gt(h->kept[cls].count, 1, "slabs kept since the last pass retired at the next");
+}
+
+/* A partial slab whose every object other threads freed is collected by
+   the owner's refills of other classes (heap.c, poll_partial_other): a
+   heap that never refills its class (its active slab living on the remote
+   frees others make into it) held such slabs for good. One thread fills a
+   slab of 2000 B blocks (released when used up); this thread frees one
+   of them, taking the slab over; another thread frees the rest; this
+   thread then allocates only 64 B blocks. */
+struct slab_of_blocks {
+    void **blocks;
+    size_t n;
+};
+
+static void *alloc_2000(void *arg)
+{
+    struct slab_of_blocks *b = arg;
+    for (size_t i = 0; i < b->n; i++)
+        b->blocks[i] = malloc(2000);
+    return NULL;
+}
+
+static void *free_all_but_first(void *arg)
+{
+    struct slab_of_blocks *b = arg;
+    for (size_t i = 1; i < b->n; i++)
+        free(b->blocks[i]);
+    return NULL; /* the thread's exit pushes its batch of remote frees */
+}
+
+Test(heap, partial_slab_freed_by_others_collected_by_other_refills)
+{
+    unsigned cls = gsi_size_class(2000);
+    size_t cap = gsi_classes[cls].capacity;
+    static void *blocks[1024];
+    cr_assert_leq(2 * cap + 1, 1024);
+    struct slab_of_blocks b = {.blocks = blocks, .n = 2 * cap + 1};
+    run_thread(alloc_2000, &b);
+    /* blocks[0]'s slab was used up (the thread went on to another) and
+       released; its cap blocks are among those allocated. */
+    struct gs_slab *s = gsi_slab_of(blocks[0]);
+    size_t in_s = 0;
+    for (size_t i = 0; i < b.n; i++)
+        in_s += gsi_slab_of(blocks[i]) == s;
+    cr_assert_eq(in_s, cap);
+    free(blocks[0]);
+    struct gs_heap *h = gsi_tls_mine;
+    cr_assert_eq(GS_X_OWNER(atomic_load(&s->xstate)), h->id, "the free did not take it over");
+    cr_assert_eq(s->where, GS_IN_PARTIAL);
+    run_thread(free_all_but_first, &b);
+    cr_assert_eq(GS_X_COUNT(atomic_load(&s->xstate)), cap - 1);
+    cr_assert_eq(s->used, cap - 1);
+    enum { MAX = 200000 };
+    void **p = gst_raw_array(MAX);
+    cr_assert_not_null(p);
+    size_t n = 0;
+    while (n < MAX && s->kind == GS_SLAB_SMALL && s->cls == cls && s->where == GS_IN_PARTIAL)
+        cr_assert_not_null(p[n++] = malloc(64));
+    cr_assert(s->kind != GS_SLAB_SMALL || s->cls != cls || s->where != GS_IN_PARTIAL,
+              "the slab stayed partial, its objects freed, through %zu mallocs", n);
+    /* Retired (its slot possibly reused since), or kept empty. */
+    if (s->kind == GS_SLAB_SMALL && s->cls == cls)
+        cr_assert(s->where == GS_IN_KEPT && s->used == 0);
+    for (size_t i = 0; i < n; i++)
+        free(p[i]);
+}
+
 /* Empty slabs of class 700 B the calling heap keeps: bytes kept within its
    own bound and bytes charged to the shared budget. */
 struct kept { size_t own, shared; };
