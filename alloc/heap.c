@@ -830,7 +830,9 @@ static void keep_full_stop(struct gs_heap *h)
    collected, and if that empties it, it goes as any emptied slab.
    Takeovers come at the rate the heap frees through slabs, so each slab
    is looked at in turn. */
-static void poll_partial(struct gs_heap *h, unsigned cls)
+static void retire_owned(struct gs_heap *h, struct gs_slab *s);
+
+static void poll_partial(struct gs_heap *h, unsigned cls, bool keep)
 {
     struct gs_slab *t = h->partial[cls].last;
     if (!t)
@@ -839,8 +841,12 @@ static void poll_partial(struct gs_heap *h, unsigned cls)
         gsi_heap_list_remove(&h->partial[cls], t);
         gsi_heap_list_push(&h->partial[cls], t);
     }
-    if (gsi_slab_collect(t) && t->used == 0)
-        gsi_heap_slab_empty(h, t);
+    if (gsi_slab_collect(t) && t->used == 0) {
+        if (keep)
+            gsi_heap_slab_empty(h, t);
+        else if (!gsi_slab_has_pending(t))
+            retire_owned(h, t);
+    }
 }
 
 /* And a partial slab of another class per refill, in turn. A heap's
@@ -850,7 +856,9 @@ static void poll_partial(struct gs_heap *h, unsigned cls)
    their own chains uncollected: a pool of 16 threads freeing each other's
    small blocks held 537 partial slabs for 6 MB live, 324 of them wholly
    free once collected (21 MB). The turn goes to the next class whose
-   partial_classes bit is set: a refill looks at no empty list. */
+   partial_classes bit is set: a refill looks at no empty list. A slab
+   this empties goes back to its segment, not to the kept list: its class
+   is one the heap does not refill (the pool kept 245 of them, 15 MB). */
 _Static_assert(GS_NCLASSES <= 128, "partial_classes is two words");
 static unsigned next_partial_class(const struct gs_heap *h, unsigned after)
 {
@@ -875,7 +883,7 @@ static void poll_partial_other(struct gs_heap *h, unsigned cls)
     if (!h->partial[c].last) /* a fork child's lost heap may leave one */
         h->partial_classes[c >> 6] &= ~((uint64_t)1 << (c & 63));
     else if (c != cls) /* refill polls its own class */
-        poll_partial(h, c);
+        poll_partial(h, c, false);
 }
 
 /* The first slab of l that can be refilled, taken off it; the others
@@ -921,7 +929,7 @@ static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
        taken from the front, and those that other threads' frees made
        partial (with those frees still on their chains) pile up behind the
        ones this heap's own takeovers and frees push there. */
-    poll_partial(h, cls);
+    poll_partial(h, cls, true);
     if ((s = refill_from(h, &h->partial[cls])) || (s = refill_from(h, &h->kept[cls])))
         goto got;
     if (h->full[cls].first && (s = full_poll(h, cls, GS_FULL_POLL)))
@@ -1216,7 +1224,7 @@ void gsi_heap_take_adopted(struct gs_heap *h, struct gs_slab *s)
     gsi_orphan_remove(s);
     gsi_slab_collect(s);
     make_partial(h, s);
-    poll_partial(h, s->cls);
+    poll_partial(h, s->cls, true);
     /* Takeovers keep the holes a heap's frees make where only it can reuse
        them, at the rate it allocates the class, if at all. A thread that
        frees the blocks another replaces, some of them long-lived, left the
