@@ -147,3 +147,19 @@ long bench_replace_slots(void **slot, size_t n, uint64_t *rng, size_t lo, size_t
     }
     return done;
 }
+
+unsigned bench_octaves(size_t lo, size_t hi)
+{
+    unsigned octaves = 0;
+    while ((lo << (octaves + 1)) <= hi)
+        octaves++;
+    return octaves;
+}
+
+size_t bench_rand_log_size(uint64_t *state, size_t lo, size_t hi, unsigned octaves)
+{
+    uint64_t r = bench_rand(state);
+    size_t base = lo << (octaves ? r % (octaves + 1) : 0);
+    size_t n = base + (size_t)((r >> 8) % base);
+    return n > hi ? hi : n;
+}

@@ -49,6 +49,12 @@ static inline size_t bench_rand_range(uint64_t *state, size_t lo, size_t hi)
     return lo + (size_t)(bench_rand(state) % (hi - lo + 1));
 }
 
+/* Sizes about log-uniform in [lo, hi]: a doubling lo << k, each k in
+   0..octaves as likely (octaves: the whole doublings from lo to hi,
+   bench_octaves), then uniform within it; capped at hi. */
+unsigned bench_octaves(size_t lo, size_t hi);
+size_t bench_rand_log_size(uint64_t *state, size_t lo, size_t hi, unsigned octaves);
+
 /* Peak resident set (getrusage ru_maxrss) and current resident set
    (/proc/self/statm), in KiB. */
 long bench_peak_rss_kb(void);

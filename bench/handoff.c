@@ -38,11 +38,7 @@ static atomic_int freer_stop;
 
 static struct block *make(uint64_t *rng)
 {
-    uint64_t r = bench_rand(rng);
-    size_t base = lo << (octaves ? r % (octaves + 1) : 0);
-    size_t n = base + (size_t)((r >> 8) % base);
-    if (n > hi)
-        n = hi;
+    size_t n = bench_rand_log_size(rng, lo, hi, octaves);
     if (n < sizeof(struct block))
         n = sizeof(struct block);
     struct block *b = bench_check(malloc(n), "malloc");
@@ -125,8 +121,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "handoff: need slots >= 1, 1 <= min <= max, writers >= 1\n");
         return 2;
     }
-    while ((lo << (octaves + 1)) <= hi)
-        octaves++;
+    octaves = bench_octaves(lo, hi);
     table = bench_check(calloc(nslots, sizeof *table), "calloc");
     uint64_t rng = 1;
     for (size_t i = 0; i < nslots; i++)

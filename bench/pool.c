@@ -41,11 +41,7 @@ static struct item *results;     /* results back to the producers (lock) */
 
 static struct item *make(uint64_t *rng)
 {
-    uint64_t r = bench_rand(rng);
-    size_t base = lo << (octaves ? r % (octaves + 1) : 0);
-    size_t n = base + (size_t)((r >> 8) % base);
-    if (n > hi)
-        n = hi;
+    size_t n = bench_rand_log_size(rng, lo, hi, octaves);
     if (n < sizeof(struct item))
         n = sizeof(struct item);
     struct item *it = bench_check(malloc(n), "malloc");
@@ -169,8 +165,7 @@ int main(int argc, char **argv)
                         "1 <= min <= max\n");
         return 2;
     }
-    while ((lo << (octaves + 1)) <= hi)
-        octaves++;
+    octaves = bench_octaves(lo, hi);
     int n = producers + workers;
     struct role *roles = bench_thread_args(n, sizeof *roles);
     for (int i = 0; i < n; i++) {
