@@ -19,7 +19,7 @@
  * | GRACESLAB_VALGRIND              | 1       | under memcheck: 1 reports blocks with client requests, 0 does not |
  * | GRACESLAB_OS_FAIL_AFTER_MB      | 0       | fault injection: OS refuses memory past this much (0: off) |
  * | GRACESLAB_DEEPBIND              | 0       | 1: dlopen keeps RTLD_DEEPBIND (0: cleared, see dlopen.c) |
- * | GRACESLAB_DECAY_MS              | 1000    | medium objects free at two passes this far apart go back to the OS |
+ * | GRACESLAB_DECAY_MS              | 1000    | medium objects free at two passes this far apart go back to the OS; so do kept empty slabs not reused |
  * Values above OPTION_MAX count as OPTION_MAX; none are read in secure
  * execution (set-user-ID programs).
  */
