@@ -165,6 +165,20 @@ static size_t visit_medium_slabs(struct gs_heap *h, size_t (*visit)(struct gs_sl
     return bytes;
 }
 
+/* Read on every slow path of a heap with medium or kept slabs (half the
+   operations when 1000 medium blocks are replaced in turn): the coarse
+   clock, unless the period is short enough for its tick to matter. */
+static uint64_t decay_clock(uint64_t period)
+{
+    return period >= 100000000u ? gsi_now_coarse_ns() : gsi_now_ns();
+}
+
+void gsi_heap_decay_start(struct gs_heap *h)
+{
+    if (!h->decay_ns)
+        h->decay_ns = decay_clock((uint64_t)gsi_option(GSI_OPT_DECAY_MS) * 1000000u);
+}
+
 void gsi_heap_decay(struct gs_heap *h, unsigned cls)
 {
     /* Under memcheck freed blocks stay as memcheck describes them. */
@@ -174,12 +188,8 @@ void gsi_heap_decay(struct gs_heap *h, unsigned cls)
        reads the clock. */
     if (!h->decay_ns && cls < GS_FIRST_MEDIUM_CLASS)
         return;
-    /* Read on every slow path of a heap with medium or kept slabs (half the
-       operations when 1000 medium blocks are replaced in turn): the
-       coarse clock, unless the period is short enough for its tick to
-       matter. */
     uint64_t period = (uint64_t)gsi_option(GSI_OPT_DECAY_MS) * 1000000u;
-    uint64_t now = period >= 100000000u ? gsi_now_coarse_ns() : gsi_now_ns();
+    uint64_t now = decay_clock(period);
     /* Signed: the coarse clock may read a little behind a stamp of the
        fine one (the period changed), which is no time elapsed. */
     if (h->decay_ns && (int64_t)(now - h->decay_ns) < (int64_t)period)

@@ -829,24 +829,31 @@ static void keep_full_stop(struct gs_heap *h)
    longest ago: the list's last, moved to the front. Its remote frees are
    collected, and if that empties it, it goes as any emptied slab.
    Takeovers come at the rate the heap frees through slabs, so each slab
-   is looked at in turn. */
+   is looked at in turn. Not a list's only slab: a takeover's caller goes
+   on using the slab it has just made partial (push_remote_chain reads its
+   count after), and a look that emptied and retired it under the caller
+   retired it twice (a review's race, thirty-fourth session). */
 static void retire_owned(struct gs_heap *h, struct gs_slab *s);
 
-static void poll_partial(struct gs_heap *h, unsigned cls, bool keep)
+/* Moves the partial slab of class cls looked at longest ago (the list's
+   last, which must exist) to the front and collects its remote chain;
+   returns it if that emptied it. */
+static struct gs_slab *poll_last(struct gs_heap *h, unsigned cls)
 {
-    struct gs_slab *t = h->partial[cls].last;
-    if (!t)
-        return;
-    if (t != h->partial[cls].first) {
-        gsi_heap_list_remove(&h->partial[cls], t);
-        gsi_heap_list_push(&h->partial[cls], t);
+    struct gs_slab_list *l = &h->partial[cls];
+    struct gs_slab *t = l->last;
+    if (t != l->first) {
+        gsi_heap_list_remove(l, t);
+        gsi_heap_list_push(l, t);
     }
-    if (gsi_slab_collect(t) && t->used == 0) {
-        if (keep)
-            gsi_heap_slab_empty(h, t);
-        else if (!gsi_slab_has_pending(t))
-            retire_owned(h, t);
-    }
+    return gsi_slab_collect(t) && t->used == 0 ? t : NULL;
+}
+
+static void poll_partial(struct gs_heap *h, unsigned cls)
+{
+    struct gs_slab *t;
+    if (h->partial[cls].last != h->partial[cls].first && (t = poll_last(h, cls)))
+        gsi_heap_slab_empty(h, t);
 }
 
 /* And a partial slab of another class per refill, in turn. A heap's
@@ -856,9 +863,12 @@ static void poll_partial(struct gs_heap *h, unsigned cls, bool keep)
    their own chains uncollected: a pool of 16 threads freeing each other's
    small blocks held 537 partial slabs for 6 MB live, 324 of them wholly
    free once collected (21 MB). The turn goes to the next class whose
-   partial_classes bit is set: a refill looks at no empty list. A slab
-   this empties goes back to its segment, not to the kept list: its class
-   is one the heap does not refill (the pool kept 245 of them, 15 MB). */
+   partial_classes bit is set: a refill looks at no empty list. Here the
+   list's only slab is looked at too: refill's caller uses no slab of
+   another class. A slab this empties goes back to its segment, not to the
+   kept list: the keep is for slabs a heap empties by its own frees, to
+   allocate from again, and other threads' frees emptied this one (kept,
+   245 of them held 15 MB in the same pool). */
 _Static_assert(GS_NCLASSES <= 128, "partial_classes is two words");
 static unsigned next_partial_class(const struct gs_heap *h, unsigned after)
 {
@@ -880,10 +890,11 @@ static void poll_partial_other(struct gs_heap *h, unsigned cls)
     if (c == GS_NCLASSES)
         return;
     h->partial_poll_cls = c;
-    if (!h->partial[c].last) /* a fork child's lost heap may leave one */
+    struct gs_slab *t;
+    if (!h->partial[c].last) /* a stale bit: not seen so far, but only a hint */
         h->partial_classes[c >> 6] &= ~((uint64_t)1 << (c & 63));
-    else if (c != cls) /* refill polls its own class */
-        poll_partial(h, c, false);
+    else if (c != cls && (t = poll_last(h, c)) && !gsi_slab_has_pending(t))
+        retire_owned(h, t);
 }
 
 /* The first slab of l that can be refilled, taken off it; the others
@@ -929,7 +940,7 @@ static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
        taken from the front, and those that other threads' frees made
        partial (with those frees still on their chains) pile up behind the
        ones this heap's own takeovers and frees push there. */
-    poll_partial(h, cls, true);
+    poll_partial(h, cls);
     if ((s = refill_from(h, &h->partial[cls])) || (s = refill_from(h, &h->kept[cls])))
         goto got;
     if (h->full[cls].first && (s = full_poll(h, cls, GS_FULL_POLL)))
@@ -1109,8 +1120,7 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
         list_append(&h->kept[s->cls], s);
         /* Its decay passes retire it if nothing takes it (see
            gsi_heap_retire_idle_kept): the clock starts with the first. */
-        if (!h->decay_ns)
-            h->decay_ns = gsi_now_coarse_ns();
+        gsi_heap_decay_start(h);
         return;
     }
     retire_owned(h, s);
@@ -1124,7 +1134,8 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
    empties slabs it never refills from, and kept them until it exited:
    a pool of 16 threads freeing each other's small blocks kept 268 of
    them, 17 MB for 6 MB live. Retired at the second pass after they were
-   kept, so after one to two periods; refill takes the oldest first. */
+   kept: one to two periods at the soonest, as passes come only with the
+   heap's slow paths. Refill takes the oldest first. */
 void gsi_heap_retire_idle_kept(struct gs_heap *h)
 {
     for (unsigned c = 0; c < GS_NCLASSES; c++) {
@@ -1224,7 +1235,7 @@ void gsi_heap_take_adopted(struct gs_heap *h, struct gs_slab *s)
     gsi_orphan_remove(s);
     gsi_slab_collect(s);
     make_partial(h, s);
-    poll_partial(h, s->cls, true);
+    poll_partial(h, s->cls);
     /* Takeovers keep the holes a heap's frees make where only it can reuse
        them, at the rate it allocates the class, if at all. A thread that
        frees the blocks another replaces, some of them long-lived, left the

@@ -361,7 +361,7 @@ struct gs_heap {
     /* Per class: slabs it may still keep when they empty, one earned per
        slab it made active (heap.c, gsi_heap_slab_empty). Owner only. */
     uint16_t keep_credit[GS_NCLASSES];
-    uint64_t decay_ns;                         /* last decay pass; 0: no medium slab yet (decay.c) */
+    uint64_t decay_ns;                         /* last decay pass; 0: no medium slab nor kept one yet (decay.c) */
     uint32_t decay_pass;                       /* passes made (decay.c) */
     /* Per class, the class's demand count (heap.c, class_demand) this
        heap saw last, and the sheds it may still make since then. */
@@ -592,6 +592,7 @@ size_t gsi_heap_own_kept_bytes(void);    /* empty slabs heaps keep of their own,
    called from h's allocation slow path for class cls, and when a free
    empties h's slab of class cls. */
 void gsi_heap_decay(struct gs_heap *h, unsigned cls);
+void gsi_heap_decay_start(struct gs_heap *h); /* the clock, if not started yet */
 void gsi_heap_retire_idle_kept(struct gs_heap *h); /* heap.c; at a decay pass */
 size_t gsi_heap_decay_now(struct gs_heap *h); /* malloc_trim: all free medium objects */
 /* malloc_trim: h gives back the free pages every orphan keeps committed
