@@ -223,6 +223,12 @@ static void heap_set_active(struct gs_heap *h, unsigned cls, struct gs_slab *s)
         h->direct[i] = s;
 }
 
+/* Class cls's bit in its word of partial_classes (cls >> 6). */
+static uint64_t partial_bit(unsigned cls)
+{
+    return (uint64_t)1 << (cls & 63);
+}
+
 static void unlink_owned(struct gs_heap *h, struct gs_slab *s)
 {
     if (s->kept_empty)
@@ -230,7 +236,7 @@ static void unlink_owned(struct gs_heap *h, struct gs_slab *s)
     if (s->where == GS_IN_PARTIAL) {
         gsi_heap_list_remove(&h->partial[s->cls], s);
         if (!h->partial[s->cls].first)
-            h->partial_classes[s->cls >> 6] &= ~((uint64_t)1 << (s->cls & 63));
+            h->partial_classes[s->cls >> 6] &= ~partial_bit(s->cls);
     } else if (s->where == GS_IN_KEPT)
         gsi_heap_list_remove(&h->kept[s->cls], s);
     else if (s->where == GS_IN_WAITING)
@@ -249,7 +255,7 @@ static void make_partial(struct gs_heap *h, struct gs_slab *s)
 {
     s->where = GS_IN_PARTIAL;
     gsi_heap_list_push(&h->partial[s->cls], s);
-    h->partial_classes[s->cls >> 6] |= (uint64_t)1 << (s->cls & 63);
+    h->partial_classes[s->cls >> 6] |= partial_bit(s->cls);
 }
 
 /* ---------------------------------------------------------------- orphans */
@@ -891,9 +897,8 @@ static void poll_partial_other(struct gs_heap *h, unsigned cls)
         return;
     h->partial_poll_cls = c;
     struct gs_slab *t;
-    if (!h->partial[c].last) /* a stale bit: not seen so far, but only a hint */
-        h->partial_classes[c >> 6] &= ~((uint64_t)1 << (c & 63));
-    else if (c != cls && (t = poll_last(h, c)) && !gsi_slab_has_pending(t))
+    /* Emptied: nothing pending either (used counts pending objects). */
+    if (c != cls && h->partial[c].last && (t = poll_last(h, c)))
         retire_owned(h, t);
 }
 
@@ -1256,10 +1261,10 @@ void gsi_heap_take_adopted(struct gs_heap *h, struct gs_slab *s)
        and shed another on nearly every free, 5.6 times slower (a review's
        program: 7.2 M frees/s against 40; one shed per refill elsewhere
        kept 61 MB of the table-and-freer case's 27). Not when a heap takes
-       back a slab it released itself (a thread freeing its own blocks: those go back to it, and its
-       decay passes see them), and a slab shed here is released as nobody's,
-       so that the heap taking it back by a free, even this one, sheds
-       again. */
+       back a slab it released itself (a thread freeing its own blocks:
+       those go back to it, and its decay passes see them), and a slab shed
+       here is released as nobody's, so that the heap taking it back by a
+       free, even this one, sheds again. */
     struct gs_slab_list *l = &h->partial[s->cls];
     if (s->released_by != h->id && l->count > GS_TAKEOVER_PARTIAL && l->last != s) {
         uint32_t demand = atomic_load_explicit(&class_demand[s->cls], memory_order_relaxed);

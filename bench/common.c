@@ -163,3 +163,15 @@ size_t bench_rand_log_size(uint64_t *state, size_t lo, size_t hi, unsigned octav
     size_t n = base + (size_t)((r >> 8) % base);
     return n > hi ? hi : n;
 }
+
+void *bench_alloc_log_written(uint64_t *state, size_t lo, size_t hi, unsigned octaves, size_t min,
+                              size_t *size)
+{
+    size_t n = bench_rand_log_size(state, lo, hi, octaves);
+    if (n < min)
+        n = min;
+    void *p = bench_check(malloc(n), "malloc");
+    memset(p, 7, n);
+    *size = n;
+    return p;
+}

@@ -54,6 +54,10 @@ static inline size_t bench_rand_range(uint64_t *state, size_t lo, size_t hi)
    bench_octaves), then uniform within it; capped at hi. */
 unsigned bench_octaves(size_t lo, size_t hi);
 size_t bench_rand_log_size(uint64_t *state, size_t lo, size_t hi, unsigned octaves);
+/* A block of such a size, at least min bytes, every byte written; its
+   size in *size. Aborts if malloc fails. */
+void *bench_alloc_log_written(uint64_t *state, size_t lo, size_t hi, unsigned octaves, size_t min,
+                              size_t *size);
 
 /* Peak resident set (getrusage ru_maxrss) and current resident set
    (/proc/self/statm), in KiB. */

@@ -38,11 +38,8 @@ static atomic_int freer_stop;
 
 static struct block *make(uint64_t *rng)
 {
-    size_t n = bench_rand_log_size(rng, lo, hi, octaves);
-    if (n < sizeof(struct block))
-        n = sizeof(struct block);
-    struct block *b = bench_check(malloc(n), "malloc");
-    memset(b, 7, n);
+    size_t n;
+    struct block *b = bench_alloc_log_written(rng, lo, hi, octaves, sizeof *b, &n);
     b->size = n;
     return b;
 }

@@ -41,11 +41,8 @@ static struct item *results;     /* results back to the producers (lock) */
 
 static struct item *make(uint64_t *rng)
 {
-    size_t n = bench_rand_log_size(rng, lo, hi, octaves);
-    if (n < sizeof(struct item))
-        n = sizeof(struct item);
-    struct item *it = bench_check(malloc(n), "malloc");
-    memset(it, 7, n);
+    size_t n;
+    struct item *it = bench_alloc_log_written(rng, lo, hi, octaves, sizeof *it, &n);
     it->size = n;
     it->next = NULL;
     return it;
