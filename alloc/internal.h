@@ -271,11 +271,18 @@ struct gs_segment {
     /* bit i: unused and not dirty, but its madvise failed (locked pages),
        so it may still hold old bytes; a new slab there is not known zero. */
     uint64_t stale_slots;
+    /* bit i: unused, given back by the empty-slab budget (trim_locked) at
+       dirty_since[i] (segment.c, "Refaults"). */
+    uint64_t trimmed_slots;
+    /* bit i: the slab whose first slot is i was made on slots the budget
+       gave back within a decay period (segment.c, "Refaults"). */
+    uint64_t refault_slabs;
     /* The id of the heap whose new slabs come from here first (0: none;
        gsi_slab_new). A wholly unused segment and the segments of an
        abandoned heap have none. */
     uint32_t affinity;
-    uint64_t dirty_since[GS_SLOTS];      /* ns timestamp when it became unused */
+    uint64_t dirty_since[GS_SLOTS];      /* ns timestamp when it became unused
+                                            (trimmed_slots: when given back) */
     struct gs_slab *slot_slab[GS_SLOTS]; /* slot -> slab metadata (first slot of a span) */
     bool fastmapped;                     /* slot_slab mirrored in gsi_fastmap */
     struct gs_slab slabs[GS_SLOTS];      /* metadata, indexed by first slot */
@@ -585,6 +592,8 @@ size_t gsi_segments_given_back(void);   /* bytes of dirty slots decommitted so f
    GRACESLAB_EMPTY_CACHE_MB, or half the committed bytes of the slabs in
    use (decayed medium objects left out) if more. */
 size_t gsi_segments_empty_budget(void);
+/* What refaults added to it (segment.c, "Refaults"). */
+size_t gsi_segments_budget_boost(void);
 size_t gsi_heap_shared_kept_bytes(void); /* empty slabs heaps keep from the shared budget */
 size_t gsi_heap_own_kept_bytes(void);    /* empty slabs heaps keep of their own, together */
 /* decay.c: the owner gives back the pages of medium objects that stayed

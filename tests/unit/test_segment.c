@@ -236,6 +236,66 @@ Test(segment, empty_budget_follows_slabs_in_use)
                   kept >> 20);
 }
 
+/* Rounds of allocating `bytes` of blocks of `size`, writing `touch` bytes
+   of each, and freeing them all; returns what the budget gave back in the
+   rounds after the first `warm` ones. */
+static size_t rebuild_rounds(size_t size, size_t touch, size_t bytes, int rounds, int warm)
+{
+    enum { MAX = 1 << 16 };
+    static void *blocks[MAX];
+    size_t n = bytes / size, before = 0;
+    cr_assert_leq(n, (size_t)MAX);
+    for (int r = 0; r < rounds; r++) {
+        if (r == warm)
+            before = gsi_segments_given_back();
+        for (size_t i = 0; i < n; i++) {
+            cr_assert_not_null(blocks[i] = malloc(size));
+            memset(blocks[i], 0x5a, touch);
+        }
+        for (size_t i = 0; i < n; i++)
+            free(blocks[i]);
+    }
+    return gsi_segments_given_back() - before;
+}
+
+/* Only the budget decommits, a refault counts however slow the host, and
+   emptied slabs go back to the segments at once. */
+static void refault_options(void)
+{
+    gsi_option_set(GSI_OPT_PURGE_DELAY_MS, 600000);
+    gsi_option_set(GSI_OPT_DECAY_MS, 600000);
+    gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 0);
+    gsi_option_set(GSI_OPT_HEAP_SHARED_KEEP_MB, 0);
+    gsi_option_set(GSI_OPT_EMPTY_CACHE_MB, 4);
+}
+
+/* A program that frees its heap and builds it again: 12 MiB of written
+   1 KiB blocks against a 4 MiB budget gives back 8 MiB a round, faulted
+   in again by the next, until those refaults raise the budget (up to 12
+   MiB more). Fails with the boost removed: 8 MiB given back every round. */
+Test(segment, heap_rebuilt_again_and_again_stops_being_given_back)
+{
+    refault_options();
+    cr_assert_eq(gsi_segments_budget_boost(), 0);
+    size_t late = rebuild_rounds(1024, 1024, (size_t)12 << 20, 40, 30);
+    cr_assert_gt(gsi_segments_budget_boost(), 0);
+    cr_assert_leq(gsi_segments_budget_boost(), (size_t)12 << 20);
+    cr_assert_eq(late, 0, "the last 10 rounds still gave back %zu KiB", late >> 10);
+    cr_assert_leq(gsi_segments_empty_budget(), (size_t)16 << 20);
+}
+
+/* Blocks the program leaves mostly untouched (64 KiB, one byte written
+   each) lose nothing when they go back, and kept committed would have to
+   be cleared for the next calloc: the budget stays as it is. */
+Test(segment, untouched_blocks_given_back_do_not_raise_the_budget)
+{
+    refault_options();
+    size_t late = rebuild_rounds(65536, 1, (size_t)24 << 20, 20, 10);
+    cr_assert_eq(gsi_segments_budget_boost(), 0);
+    cr_assert_gt(late, (size_t)10 * (16 << 20), "only %zu KiB given back in 10 rounds",
+                 late >> 10);
+}
+
 /* A freed slot is reused for the next slab (dirty slots first): allocating
    and freeing the same amount again does not map new segments. */
 Test(segment, slots_reused)
