@@ -120,7 +120,8 @@ static size_t decay_slab_now(struct gs_slab *s, uint32_t pass)
     uint32_t mask = 0;
     for (uint32_t m = local_free_mask(s); m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctz(m);
-        if (gsi_os_resident_bytes(s->start + (size_t)i * s->obj_size, s->obj_size))
+        /* unknown: counted, as a decommit would be tried */
+        if (gsi_os_resident_bytes(s->start + (size_t)i * s->obj_size, s->obj_size, true))
             mask |= (uint32_t)1 << i;
     }
     /* Decayed ones too, if resident again (khugepaged may fill a range

@@ -1107,8 +1107,16 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
        nothing while their allocator maps new ones (bench/prodcons: 2 to
        20 MB peak RSS for 64 KiB in flight, and so again when the
        consumer allocated one block of the class). Retired, they reach the
-       allocator through the class's ready list. */
-    if (h->live && keep && h->keep_credit[s->cls]) {
+       allocator through the class's ready list. Nor any emptied medium
+       slab: kept, it serves its class only, while its slots retired (and
+       committed, within the empty-slab budget) serve a new slab of any
+       class. Medium blocks of many sizes in turn, as a program's buffers
+       are, kept slabs of each class: `git pack-objects` peaked at 38 MB
+       with them, 30 MB without (jemalloc 27); bench/calloc with 64 KiB
+       blocks ran 33 % faster, and 100 buffers grown side by side with
+       realloc to 256 KiB, again and again, 36 % faster at 13 % less
+       peak RSS (5 interleaved runs each). */
+    if (h->live && keep && h->keep_credit[s->cls] && s->cls < GS_FIRST_MEDIUM_CLASS) {
         own = h->empty_bytes + bytes <= keep && own_keep_take(bytes);
         kept = own || shared_keep_take(bytes);
     }

@@ -274,9 +274,9 @@ struct gs_segment {
     /* bit i: unused, given back by the empty-slab budget (trim_locked) at
        dirty_since[i] (segment.c, "Refaults"). */
     uint64_t trimmed_slots;
-    /* bit i: the slab whose first slot is i was made on slots the budget
-       gave back within a decay period (segment.c, "Refaults"). */
-    uint64_t refault_slabs;
+    /* bit i: a slab was made on slot i within a decay period of the
+       budget giving it back (segment.c, "Refaults"). */
+    uint64_t refault_slots;
     /* The id of the heap whose new slabs come from here first (0: none;
        gsi_slab_new). A wholly unused segment and the segments of an
        abandoned heap have none. */
@@ -537,7 +537,9 @@ void gsi_os_unmap(void *p, size_t size);
 bool gsi_os_decommit(void *p, size_t size);           /* MADV_DONTNEED; false: failed (locked pages) */
 extern _Atomic size_t gsi_os_decommit_calls;         /* madvise calls it made (tests) */
 void gsi_os_populate(void *p, size_t size);           /* MADV_POPULATE_WRITE, where the kernel has it */
-size_t gsi_os_resident_bytes(void *p, size_t size); /* mincore; page-aligned p */
+/* mincore; page-aligned p. Where mincore fails, all resident or none,
+   as the caller says. */
+size_t gsi_os_resident_bytes(void *p, size_t size, bool unknown_resident);
 /* 0, or mremap's error (errno itself is preserved). */
 int gsi_os_remap(void *old, size_t old_len, size_t new_len, void *fixed_new);
 /* Marks the units of [start, start+len), a range gsi_os_map_aligned or

@@ -7,7 +7,7 @@
  * |---------------------------------|---------|-------------------------------------------|
  * | GRACESLAB_STATS                 | 0       | 1: print a statistics summary at exit     |
  * | GRACESLAB_PURGE_DELAY_MS        | 100     | empty slabs kept this long before madvise  |
- * | GRACESLAB_EMPTY_CACHE_MB        | 32      | empty slabs kept (or half the slabs' committed bytes; up to 4x after refaults) before immediate madvise |
+ * | GRACESLAB_EMPTY_CACHE_MB        | 32      | empty slabs kept (or half the slabs' committed bytes; up to 2x after refaults) before immediate madvise |
  * | GRACESLAB_HEAP_EMPTY_KB         | 2048    | empty slabs a thread heap keeps for reuse (0: none) |
  * | GRACESLAB_HEAP_SHARED_KEEP_MB   | 16      | more empty slabs heaps may keep, all heaps together |
  * | GRACESLAB_HEAP_EMPTY_TOTAL_MB   | 32      | bound on all heaps' own keeps (HEAP_EMPTY_KB each) together |

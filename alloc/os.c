@@ -130,7 +130,7 @@ void gsi_os_populate(void *p, size_t size)
     errno = saved;
 }
 
-size_t gsi_os_resident_bytes(void *p, size_t size)
+size_t gsi_os_resident_bytes(void *p, size_t size, bool unknown_resident)
 {
     int saved = errno;
     unsigned char vec[64];
@@ -138,7 +138,7 @@ size_t gsi_os_resident_bytes(void *p, size_t size)
     for (size_t off = 0; off < size; off += sizeof vec * GS_PAGE) {
         size_t len = size - off < sizeof vec * GS_PAGE ? size - off : sizeof vec * GS_PAGE;
         if (mincore((char *)p + off, len, vec) != 0) {
-            bytes += len; /* unknown: count it, as a decommit would be tried */
+            bytes += unknown_resident ? len : 0;
             continue;
         }
         for (size_t i = 0; i < (len + GS_PAGE - 1) / GS_PAGE; i++)

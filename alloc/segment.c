@@ -336,7 +336,7 @@ static struct gs_segment *segment_new_locked(void)
     seg->dirty_slots = 0;
     seg->stale_slots = 0;
     seg->trimmed_slots = 0;
-    seg->refault_slabs = 0;
+    seg->refault_slots = 0;
     for (unsigned i = 0; i < GS_SLOTS; i++)
         seg->slot_slab[i] = &gsi_unused_slab;
     fastmap_join(seg);
@@ -521,25 +521,33 @@ size_t gsi_segments_empty_budget(void)
    slabs of every class they passed through after each round; the 32 MiB
    budget gave 16 of them back and the next round faulted them in again
    (290,000 page faults and 1.8x jemalloc's time, 57,000 faults on
-   jemalloc). So a slab made within a decay period (GRACESLAB_DECAY_MS) on
-   slots the budget gave back is marked (refault_slabs), and when it retires
-   with at least half its pages resident, what the program touched again
-   is added to the budget, up to three times GRACESLAB_EMPTY_CACHE_MB
-   (96 MiB by default: an idle program keeps at most 128 MiB of empty
-   slabs). The boost halves at every purge pass a decay period after it
-   last grew or halved. Residency, not reuse alone, because a program that
-   leaves most of a block untouched loses little when its slots go back,
-   and kept committed they would have to be cleared for its next calloc:
-   bench/calloc (3200 live 64 KiB blocks, one byte written in each) peaked
-   at 142 MB instead of 50 when every slot reused counted. A program that
-   never needs a given-back slot again keeps the plain budget. */
+   jemalloc). So a slot the budget gives back is marked (trimmed_slots,
+   with the time in dirty_since), a slab made on it within a decay period
+   (GRACESLAB_DECAY_MS) marks it again (refault_slots), and when that slab
+   retires with at least three quarters of those slots' pages resident,
+   the program touched them again: their resident bytes are added to the
+   budget, up to GRACESLAB_EMPTY_CACHE_MB more (so 64 MiB by default).
+   The bound keeps the promise that freeing 512 MiB of small objects gives
+   back 80 % within a second with no further call, when no purge runs: the
+   budget, plus the heaps' own keeps (GRACESLAB_HEAP_EMPTY_TOTAL_MB), stay
+   under the 102 MiB that leaves; three times the option broke it (a
+   review's program, boost at its cap: 166 MiB resident a second after,
+   against at most 133). The boost halves at a purge pass (which a slab's
+   creation or retirement makes) a decay period after it last grew or
+   halved; an idle program keeps it. Residency decides, not reuse alone,
+   because a program that leaves most of a block untouched loses little
+   when its slots go back, and kept committed they must be cleared in full
+   for its next calloc: bench/calloc (3200 live 64 KiB blocks, one byte
+   written in each) peaked at 142 MB instead of 50 when every reuse
+   counted. (Pages that MADV_POPULATE_WRITE paged in count as touched:
+   they were, for a slab whose class the heap has just used up.) A program
+   that never needs a given-back slot again keeps the plain budget. */
 static size_t boost_cap(void)
 {
-    return ((size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20) * 3;
+    return (size_t)gsi_option(GSI_OPT_EMPTY_CACHE_MB) << 20;
 }
 
-/* A slab is made on the slots of mask, some given back by the budget
-   (lock held). */
+/* A slab is made on the slots of mask (lock held). */
 static void mark_refault_locked(struct gs_segment *seg, uint64_t mask)
 {
     uint64_t trimmed = seg->trimmed_slots & mask;
@@ -548,29 +556,35 @@ static void mark_refault_locked(struct gs_segment *seg, uint64_t mask)
         return;
     uint64_t period = (uint64_t)gsi_option(GSI_OPT_DECAY_MS) * 1000000ull;
     uint64_t now = gsi_now_ns();
-    for (; trimmed; trimmed &= trimmed - 1)
-        if (now - seg->dirty_since[__builtin_ctzll(trimmed)] < period)
-            seg->refault_slabs |= mask & -mask; /* its first slot */
+    for (; trimmed; trimmed &= trimmed - 1) {
+        unsigned i = (unsigned)__builtin_ctzll(trimmed);
+        if (now - seg->dirty_since[i] < period)
+            seg->refault_slots |= (uint64_t)1 << i;
+    }
 }
 
-/* The slab at the slots of mask retires (lock held). One refaulted slab
-   in 8 has its residency read, and stands for the 8: mincore took 1.6 us
-   for 80 pages here, and reading every one made bench/calloc (64 KiB
-   blocks, a slab retired every few frees, each refaulted but with 5 of
-   its 80 pages resident) 9 % slower. */
+/* The slab on the slots of mask retires (lock held). One refaulted slab
+   in 8 has its refaulted slots' residency read, and stands for the 8:
+   mincore took 1.6 us for 80 pages here, and reading every one made
+   bench/calloc (64 KiB blocks, a slab retired every few frees, each
+   refaulted but with 5 of its 80 pages resident) 9 % slower. Where
+   mincore fails, nothing counts. */
 static void note_refault_locked(struct gs_segment *seg, uint64_t mask, uint64_t now)
 {
     static unsigned turn;
-    uint64_t first = mask & -mask;
-    if (!(seg->refault_slabs & first))
+    uint64_t slots = seg->refault_slots & mask;
+    if (!slots)
         return;
-    seg->refault_slabs &= ~first;
+    seg->refault_slots &= ~mask;
     if (turn++ % 8)
         return;
-    size_t bytes = (size_t)__builtin_popcountll(mask) * GS_SLOT_SIZE;
-    size_t resident = gsi_os_resident_bytes((char *)seg + (size_t)__builtin_ctzll(mask) * GS_SLOT_SIZE,
-                                            bytes);
-    if (resident < bytes / 2)
+    size_t bytes = (size_t)__builtin_popcountll(slots) * GS_SLOT_SIZE, resident = 0;
+    for (uint64_t runs = slots; runs;) {
+        unsigned at, n = take_run(&runs, &at);
+        resident += gsi_os_resident_bytes((char *)seg + (size_t)at * GS_SLOT_SIZE,
+                                          (size_t)n * GS_SLOT_SIZE, false);
+    }
+    if (resident < bytes / 4 * 3)
         return;
     size_t cap = boost_cap(), boost = budget_boost + 8 * resident;
     __atomic_store_n(&budget_boost, boost < cap ? boost : cap, __ATOMIC_RELAXED);
@@ -615,8 +629,11 @@ static void trim_locked(uint64_t now)
         if (!best)
             return; /* over budget by the shared keep alone */
         decommit_bridged_locked(best, best_mask);
-        best->trimmed_slots |= best_mask;
-        for (uint64_t m = best_mask; m; m &= m - 1)
+        /* Not slots whose madvise failed (locked pages): they stay
+           resident, and would count as touched again. */
+        uint64_t given = best_mask & ~best->stale_slots;
+        best->trimmed_slots |= given;
+        for (uint64_t m = given; m; m &= m - 1)
             best->dirty_since[__builtin_ctzll(m)] = now;
     }
 }

@@ -250,6 +250,35 @@ Test(heap, idle_kept_slabs_go_back)
     cr_assert_gt(h->kept[cls].count, 1, "slabs kept since the last pass retired at the next");
 }
 
+/* An emptied medium slab goes back to its segment, where a new slab of
+   any class can take its committed slots; a small one is kept. Fails with
+   medium slabs kept like the others (both classes' slabs kept). */
+Test(heap, emptied_medium_slab_not_kept)
+{
+    gsi_option_set(GSI_OPT_PURGE_DELAY_MS, 600000); /* retired slots stay committed */
+    enum { N = 64 };
+    static void *small[N * 8], *medium[N];
+    unsigned small_cls = gsi_size_class(4000), medium_cls = gsi_size_class(40000);
+    cr_assert_geq(medium_cls, GS_FIRST_MEDIUM_CLASS);
+    for (int i = 0; i < N * 8; i++)
+        cr_assert_not_null(small[i] = malloc(4000));
+    for (int i = 0; i < N; i++)
+        cr_assert_not_null(medium[i] = malloc(40000));
+    struct gs_heap *h = gsi_tls_mine;
+    size_t dirty = gsi_segments_dirty_bytes();
+    for (int i = 0; i < N * 8; i++)
+        free(small[i]);
+    for (int i = 0; i < N; i++)
+        free(medium[i]);
+    cr_assert_gt(h->kept[small_cls].count, 0, "no small slab kept");
+    cr_assert_eq(h->kept[medium_cls].count, 0, "%zu medium slabs kept",
+                 h->kept[medium_cls].count);
+    /* 64 blocks of 40 KiB, 5 to a slab: all but the active slab's went back. */
+    cr_assert_geq(gsi_segments_dirty_bytes() - dirty, (size_t)(N - 8) * 40000,
+                  "only %zu KiB of emptied medium slabs retired",
+                  (gsi_segments_dirty_bytes() - dirty) >> 10);
+}
+
 /* A partial slab whose every object other threads freed is collected by
    the owner's refills of other classes (heap.c, poll_partial_other): a
    heap that never refills its class (its active slab living on the remote
