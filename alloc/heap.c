@@ -916,6 +916,16 @@ static struct gs_slab *refill_from(struct gs_heap *h, struct gs_slab_list *l)
     return NULL;
 }
 
+/* A new medium slab is about to be made: the kept empty slabs of the
+   other medium classes go back to their segments first, where the new
+   one can take their committed slots (gsi_heap_slab_empty). */
+static void retire_kept_medium(struct gs_heap *h)
+{
+    for (unsigned c = GS_FIRST_MEDIUM_CLASS; c < GS_NCLASSES; c++)
+        while (h->kept[c].first)
+            retire_owned(h, h->kept[c].first);
+}
+
 static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
 {
     poll_partial_other(h, cls);
@@ -990,6 +1000,8 @@ static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
     /* An active slab at the start means refill found it used up. A
        thread's heap places its slabs in segments of its own once it has
        made a few (segment.c, place_locked). */
+    if (cls >= GS_FIRST_MEDIUM_CLASS)
+        retire_kept_medium(h);
     uint32_t affinity = h->thread_ptr && h->slabs_made >= GS_HEAP_CLAIM_AFTER ? h->id : 0;
     h->slabs_made++;
     s = gsi_slab_new(cls, used_up, affinity);
@@ -1107,20 +1119,20 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
        nothing while their allocator maps new ones (bench/prodcons: 2 to
        20 MB peak RSS for 64 KiB in flight, and so again when the
        consumer allocated one block of the class). Retired, they reach the
-       allocator through the class's ready list. Nor any emptied medium
-       slab: kept, it serves its class only, while its slots retired (and
-       committed, within the empty-slab budget) serve a new slab of any
-       class. Medium blocks of many sizes in turn, as a program's buffers
-       are, kept slabs of each class: `git pack-objects` peaked at 38 MB
-       with them, 30 MB without (jemalloc 27); bench/calloc with 64 KiB
-       blocks ran 33 % faster, and 100 buffers grown side by side with
-       realloc to 256 KiB, again and again, 36 % faster at 13 % less
-       peak RSS (5 interleaved runs each). The cost is a trip to the
-       segment lock per emptied and per new slab: batches of 32 blocks of
-       40..240 KiB allocated and freed with nothing written, 100 M -> 74 M
-       blocks/s on one thread, 66 M -> 60 M on four (jemalloc 3.6 M on
-       one); with a byte written per page, 3.3 M -> 3.2 M. */
-    if (h->live && keep && h->keep_credit[s->cls] && s->cls < GS_FIRST_MEDIUM_CLASS) {
+       allocator through the class's ready list. Of a medium class, one
+       slab at most, and only until a refill of another medium class needs
+       a new slab (retire_kept_medium): kept, a medium slab serves its
+       class only, while its slots retired (committed, within the
+       empty-slab budget) serve a new slab of any class. Medium blocks of
+       many sizes in turn, as a program's buffers are, kept slabs of each
+       class: `git pack-objects` peaked at 38 MB with them, 30 MB with
+       none kept (jemalloc 27). Keeping none cost a trip to the segment
+       lock per emptied and per new slab, which made a loop that allocates
+       and frees a slab's worth of one medium size at a time 3 times
+       slower (a review: 64 M -> 22 M pairs/s at 40,000 B, 6 a batch);
+       the one slab kept serves such a loop. */
+    bool medium = s->cls >= GS_FIRST_MEDIUM_CLASS;
+    if (h->live && keep && h->keep_credit[s->cls] && !(medium && h->kept[s->cls].first)) {
         own = h->empty_bytes + bytes <= keep && own_keep_take(bytes);
         kept = own || shared_keep_take(bytes);
     }
