@@ -594,7 +594,8 @@ size_t gsi_segments_given_back(void);   /* bytes of dirty slots decommitted so f
    GRACESLAB_EMPTY_CACHE_MB, or half the committed bytes of the slabs in
    use (decayed medium objects left out) if more. */
 size_t gsi_segments_empty_budget(void);
-/* What refaults added to it (segment.c, "Refaults"). */
+/* What refaults add to it, less the heaps' own keeps (segment.c,
+   "Refaults"). */
 size_t gsi_segments_budget_boost(void);
 size_t gsi_heap_shared_kept_bytes(void); /* empty slabs heaps keep from the shared budget */
 size_t gsi_heap_own_kept_bytes(void);    /* empty slabs heaps keep of their own, together */

@@ -537,9 +537,9 @@ size_t gsi_segments_empty_budget(void)
    the option broke that promise (a review's program, boost at its cap:
    166 MiB resident a second after, against at most 133), and so did one
    of the option added beside full own keeps (32 threads freeing the 512
-   MiB and staying alive: 135 MiB against 132). The boost halves at a purge pass (which a slab's
-   creation or retirement makes) a decay period after it last grew or
-   halved; an idle program keeps it. Residency decides, not reuse alone,
+   MiB and staying alive: 135 MiB against 132). The boost halves at a
+   purge pass (which a slab's creation or retirement makes) a decay
+   period after it last grew or halved; an idle program keeps it. Residency decides, not reuse alone,
    because a program that leaves most of a block untouched loses little
    when its slots go back, and kept committed they must be cleared in full
    for its next calloc: bench/calloc (3200 live 64 KiB blocks, one byte

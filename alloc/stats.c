@@ -102,7 +102,7 @@ void gsi_stats_print(void)
         {" KiB), segments ", st.segments},
         {", slabs ", st.slabs},
         {", empty-slab budget ", gsi_segments_empty_budget() >> 10},
-        {" KiB (refaults added ", gsi_segments_budget_boost() >> 10},
+        {" KiB (refault boost ", gsi_segments_budget_boost() >> 10},
         {" KiB)\ngraceslab stats: pending ", st.pending_objects},
         {" objects / ", st.pending_bytes},
         {" bytes, reclaimed ", st.reclaimed_objects},
