@@ -917,13 +917,25 @@ static struct gs_slab *refill_from(struct gs_heap *h, struct gs_slab_list *l)
 }
 
 /* A new medium slab is about to be made: the kept empty slabs of the
-   other medium classes go back to their segments first, where the new
-   one can take their committed slots (gsi_heap_slab_empty). */
+   other medium classes beyond MEDIUM_KEEP_BYTES go back to their segments
+   first, where the new one can take their committed slots
+   (gsi_heap_slab_empty). Retiring all of them made two medium sizes used
+   in turn, in batches larger than a slab, 3.3 times slower (a review:
+   each batch's new slab retired the other size's kept one, a trip to the
+   segment lock per batch); 1 MiB holds two slabs of all but the largest
+   classes. */
+#define MEDIUM_KEEP_BYTES ((size_t)1 << 20)
+
 static void retire_kept_medium(struct gs_heap *h)
 {
+    size_t kept = 0;
     for (unsigned c = GS_FIRST_MEDIUM_CLASS; c < GS_NCLASSES; c++)
-        while (h->kept[c].first)
+        kept += h->kept[c].count * gsi_classes[c].span * GS_SLOT_SIZE;
+    for (unsigned c = GS_FIRST_MEDIUM_CLASS; c < GS_NCLASSES && kept > MEDIUM_KEEP_BYTES; c++)
+        while (h->kept[c].first && kept > MEDIUM_KEEP_BYTES) {
+            kept -= gsi_classes[c].span * GS_SLOT_SIZE;
             retire_owned(h, h->kept[c].first);
+        }
 }
 
 static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
@@ -1120,17 +1132,17 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
        20 MB peak RSS for 64 KiB in flight, and so again when the
        consumer allocated one block of the class). Retired, they reach the
        allocator through the class's ready list. Of a medium class, one
-       slab at most, and only until a refill of another medium class needs
-       a new slab (retire_kept_medium): kept, a medium slab serves its
-       class only, while its slots retired (committed, within the
-       empty-slab budget) serve a new slab of any class. Medium blocks of
-       many sizes in turn, as a program's buffers are, kept slabs of each
-       class: `git pack-objects` peaked at 38 MB with them, 30 MB with
-       none kept (jemalloc 27). Keeping none cost a trip to the segment
-       lock per emptied and per new slab, which made a loop that allocates
-       and frees a slab's worth of one medium size at a time 3 times
-       slower (a review: 64 M -> 22 M pairs/s at 40,000 B, 6 a batch);
-       the one slab kept serves such a loop. */
+       slab at most, and the other classes' past 1 MiB go back when a
+       refill makes a new medium slab (retire_kept_medium): kept, a medium
+       slab serves its class only, while its slots retired (committed,
+       within the empty-slab budget) serve a new slab of any class. Medium
+       blocks of many sizes in turn, as a program's buffers are, kept slabs
+       of each class: `git pack-objects` peaked at 40 MB with them, 32 MB
+       now (jemalloc 27). Keeping none cost a trip to the segment lock per
+       emptied and per new slab, which made a loop that allocates and
+       frees a slab's worth of one medium size at a time 3 times slower (a
+       review: 64 M -> 22 M pairs/s at 40,000 B, 6 a batch); the one slab
+       kept serves such a loop. */
     bool medium = s->cls >= GS_FIRST_MEDIUM_CLASS;
     if (h->live && keep && h->keep_credit[s->cls] && !(medium && h->kept[s->cls].first)) {
         own = h->empty_bytes + bytes <= keep && own_keep_take(bytes);
@@ -1150,6 +1162,13 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
         /* Its decay passes retire it if nothing takes it (see
            gsi_heap_retire_idle_kept): the clock starts with the first. */
         gsi_heap_decay_start(h);
+        /* The empty-slab budget shares its refault boost with the own
+           keeps: it fell, and no slab retires to trim the segments down
+           to it (a review: threads that emptied slabs into their keeps
+           after the last retirement left 95 MiB committed where 64 may
+           stay). (Retirement takes the same lock.) */
+        if (own && gsi_segments_budget_boost())
+            gsi_segments_trim();
         return;
     }
     retire_owned(h, s);

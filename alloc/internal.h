@@ -597,6 +597,9 @@ size_t gsi_segments_empty_budget(void);
 /* What refaults add to it, less the heaps' own keeps (segment.c,
    "Refaults"). */
 size_t gsi_segments_budget_boost(void);
+/* Decommits dirty slots past the budget, which fell (a heap's own keep
+   grew while there is a boost). */
+void gsi_segments_trim(void);
 size_t gsi_heap_shared_kept_bytes(void); /* empty slabs heaps keep from the shared budget */
 size_t gsi_heap_own_kept_bytes(void);    /* empty slabs heaps keep of their own, together */
 /* decay.c: the owner gives back the pages of medium objects that stayed

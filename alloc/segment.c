@@ -643,6 +643,18 @@ static void trim_locked(uint64_t now)
     }
 }
 
+void gsi_segments_trim(void)
+{
+    /* Relaxed reads: a hint; trim_locked decides under the lock. */
+    if (__atomic_load_n(&dirty_bytes, __ATOMIC_RELAXED) + gsi_heap_shared_kept_bytes() <=
+        gsi_segments_empty_budget())
+        return;
+    uint64_t now = gsi_now_ns();
+    pthread_mutex_lock(&segment_lock);
+    trim_locked(now);
+    pthread_mutex_unlock(&segment_lock);
+}
+
 size_t gsi_segments_purge(bool force)
 {
     uint64_t now = gsi_now_ns();

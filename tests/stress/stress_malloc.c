@@ -29,6 +29,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 static double stress_seconds(void)
 {
@@ -575,6 +576,26 @@ Test(stress_malloc, memory_return, .timeout = 600)
    of once, 166 MiB stayed resident with one thread (limit 133); with it
    added beside the heaps' own keeps instead of sharing their room, 135
    MiB with 32 (limit 132; a review's programs). */
+/* The refault boost in KiB, from the summary malloc_stats() writes to
+   stderr ("refault boost N KiB"), read back through a pipe. */
+static long refault_boost_kib(void)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    int saved = dup(STDERR_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    malloc_stats();
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    close(fds[1]);
+    char buf[8192];
+    ssize_t n = read(fds[0], buf, sizeof buf - 1);
+    close(fds[0]);
+    buf[n > 0 ? n : 0] = 0;
+    const char *at = strstr(buf, "refault boost ");
+    return at ? atol(at + strlen("refault boost ")) : -1;
+}
+
 static void build_rounds_of_200_mib(void)
 {
     enum { ROUNDS = 4, BLOCKS = (200 << 20) / 1024 };
@@ -593,6 +614,9 @@ static void build_rounds_of_200_mib(void)
     /* Their empty slabs go back, the boost stays: the baseline of the
        test holds none of them. */
     malloc_trim(0);
+    long boost = refault_boost_kib();
+    cr_assert_eq(boost, 32 << 10, "the rounds raised the refault boost to %ld KiB, not to its cap",
+                 boost);
 }
 
 Test(stress_malloc, memory_return_after_refaults, .timeout = 600)

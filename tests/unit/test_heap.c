@@ -250,59 +250,130 @@ Test(heap, idle_kept_slabs_go_back)
     cr_assert_gt(h->kept[cls].count, 1, "slabs kept since the last pass retired at the next");
 }
 
-/* A heap keeps at most one emptied slab of a medium class, and only
-   until another medium class needs a new slab: the others go back to
-   their segments, where a new slab of any class can take their committed
-   slots. Fails with medium slabs kept like the others (several kept) and
-   with the kept one left when the other class takes a new slab. */
-Test(heap, emptied_medium_slabs_kept_one_per_class)
+static size_t kept_medium_bytes(const struct gs_heap *h)
 {
-    gsi_option_set(GSI_OPT_PURGE_DELAY_MS, 600000); /* retired slots stay committed */
+    size_t bytes = 0;
+    for (unsigned c = GS_FIRST_MEDIUM_CLASS; c < GS_NCLASSES; c++)
+        bytes += h->kept[c].count * gsi_classes[c].span * GS_SLOT_SIZE;
+    return bytes;
+}
+
+/* A heap keeps at most one emptied slab of a medium class, and a new
+   medium slab sends the kept ones of other classes past 1 MiB back to
+   their segments, where a new slab of any class can take their committed
+   slots. In a thread of its own, whose heap has no slab of these classes
+   from before (see medium_batches below). Fails with medium slabs kept
+   like the others (several of a class kept), and with the kept ones left
+   when another class makes a slab. */
+struct medium_keep {
+    size_t kept_40000;   /* slabs kept of 40,000 B's class after 64 frees */
+    size_t retired;      /* bytes those frees retired to the segments */
+    size_t most_kept;    /* most slabs kept of one of the larger classes */
+    size_t kept_before;  /* medium bytes kept before a new class's slab */
+    size_t kept_after;   /* and after */
+};
+
+static void *medium_keep_run(void *arg)
+{
+    struct medium_keep *m = arg;
     enum { N = 64 };
     static void *medium[N];
-    unsigned cls = gsi_size_class(40000), other = gsi_size_class(100000);
-    cr_assert_geq(cls, GS_FIRST_MEDIUM_CLASS);
-    cr_assert_neq(cls, other);
     for (int i = 0; i < N; i++)
-        cr_assert_not_null(medium[i] = malloc(40000));
+        medium[i] = malloc(40000);
     struct gs_heap *h = gsi_tls_mine;
     size_t dirty = gsi_segments_dirty_bytes();
     for (int i = 0; i < N; i++)
         free(medium[i]);
-    cr_assert_eq(h->kept[cls].count, 1, "%zu medium slabs kept", h->kept[cls].count);
-    /* 64 blocks of 40 KiB, 5 to a slab: all but the active and the kept
-       slabs' went back. */
-    cr_assert_geq(gsi_segments_dirty_bytes() - dirty, (size_t)(N - 10) * 40000,
-                  "only %zu KiB of emptied medium slabs retired",
-                  (gsi_segments_dirty_bytes() - dirty) >> 10);
-    void *p = malloc(100000);
-    cr_assert_not_null(p);
-    cr_assert_eq(h->kept[cls].count, 0, "the kept slab stayed when another class made a slab");
+    m->kept_40000 = h->kept[gsi_size_class(40000)].count;
+    m->retired = gsi_segments_dirty_bytes() - dirty;
+    /* Slabs of larger classes emptied in turn: the last one's 17 slots
+       alone take the kept bytes past 1 MiB. */
+    static const size_t sizes[] = {60000, 90000, 130000, 200000, 250000};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        for (int i = 0; i < 8; i++)
+            medium[i] = malloc(sizes[k]);
+        for (int i = 0; i < 8; i++)
+            free(medium[i]);
+        size_t n = h->kept[gsi_size_class(sizes[k])].count;
+        m->most_kept = n > m->most_kept ? n : m->most_kept;
+    }
+    m->kept_before = kept_medium_bytes(h);
+    void *p = malloc(33000); /* a class without a slab yet */
+    m->kept_after = kept_medium_bytes(h);
     free(p);
+    return NULL;
 }
 
-/* A loop that allocates and frees a slab's worth of one medium size at a
-   time (6 blocks of 40,000 B, 5 to a slab) makes no slab after the first
-   rounds: the slab it empties is kept for the next round. Fails with no
-   medium slab kept (a new slab every round: three times slower). */
-Test(heap, medium_batch_loop_makes_no_slabs)
+Test(heap, emptied_medium_slabs_kept_one_per_class)
 {
+    gsi_option_set(GSI_OPT_PURGE_DELAY_MS, 600000); /* retired slots stay committed */
+    cr_assert_geq(gsi_size_class(33000), GS_FIRST_MEDIUM_CLASS);
+    struct medium_keep m = {0};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, medium_keep_run, &m), 0);
+    pthread_join(t, NULL);
+    cr_assert_eq(m.kept_40000, 1, "%zu slabs of one medium class kept", m.kept_40000);
+    /* 64 blocks of 40 KiB, 4 to a slab: all but the active and the kept
+       slabs' went back. */
+    cr_assert_geq(m.retired, (size_t)(64 - 8) * 40000,
+                  "only %zu KiB of emptied medium slabs retired", m.retired >> 10);
+    cr_assert_eq(m.most_kept, 1, "%zu slabs of one medium class kept", m.most_kept);
+    cr_assert_gt(m.kept_before, (size_t)1 << 20, "only %zu KiB kept", m.kept_before >> 10);
+    cr_assert_leq(m.kept_after, (size_t)1 << 20,
+                  "%zu KiB of medium slabs still kept after another class made a slab",
+                  m.kept_after >> 10);
+}
+
+/* A loop that allocates and frees a slab's worth of a medium size at a
+   time (6 blocks, 4 to a slab), one size and then two in turn (40,000 and
+   100,000 B), makes no slab after the first rounds: the slabs it empties
+   are kept for the next rounds. In a thread of its own, whose heap holds
+   no slab from before (the test runner's partly used slabs of those
+   classes served every round of the main thread's heap whatever the
+   keep). Fails with no medium slab kept (a new slab every round: three
+   times slower), and with a new medium slab retiring every kept slab of
+   the other classes (two sizes in turn: 3.3 times slower). */
+struct medium_batches {
+    size_t a, b;
+    uint32_t made; /* slabs made after the first rounds */
+};
+
+static void *medium_batches_run(void *arg)
+{
+    struct medium_batches *m = arg;
     enum { BATCH = 6, ROUNDS = 100 };
     void *p[BATCH];
-    struct gs_heap *h = NULL;
-    uint64_t made = 0;
+    uint32_t made = 0;
     for (int r = 0; r < ROUNDS; r++) {
+        size_t size = r & 1 ? m->b : m->a;
         for (int i = 0; i < BATCH; i++)
-            cr_assert_not_null(p[i] = malloc(40000));
+            p[i] = malloc(size);
         for (int i = 0; i < BATCH; i++)
             free(p[i]);
-        if (r == 2) {
-            h = gsi_tls_mine;
-            made = h->slabs_made;
-        }
+        if (r == 3)
+            made = gsi_tls_mine->slabs_made;
     }
-    cr_assert_eq(h->slabs_made, made, "%lu slabs made in %d rounds",
-                 (unsigned long)(h->slabs_made - made), ROUNDS - 3);
+    m->made = gsi_tls_mine->slabs_made - made;
+    return NULL;
+}
+
+static void medium_batches(size_t a, size_t b)
+{
+    struct medium_batches m = {a, b, 0};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, medium_batches_run, &m), 0);
+    pthread_join(t, NULL);
+    cr_assert_eq(m.made, 0, "%u slabs made in 96 rounds of %zu and %zu B", m.made, a, b);
+}
+
+Test(heap, medium_batch_loop_makes_no_slabs)
+{
+    medium_batches(40000, 40000);
+}
+
+Test(heap, medium_batches_of_two_sizes_make_no_slabs)
+{
+    medium_batches(40000, 100000);
 }
 
 /* A partial slab whose every object other threads freed is collected by

@@ -298,6 +298,67 @@ Test(segment, boost_stops_at_its_cap)
     cr_assert_gt(late, 0, "rounds of 24 MiB stopped being given back");
 }
 
+/* A thread that empties slabs into its own keep after the last slab
+   retired: the budget shares its boost with the own keeps, so it falls,
+   and the segments are trimmed down to it then. With a 16 MiB option (a
+   trim gives back whole runs of up to 4 MiB, so the 4 MiB of the other
+   tests leaves too little committed to tell): the boost reaches 16 MiB,
+   the main thread's frees leave nearly 32 MiB committed, the thread's
+   keep takes 15 MiB, and at most 17 MiB may stay. Fails with that trim
+   left out, and with the boost added beside the own keeps. */
+struct keeper {
+    pthread_barrier_t *step;
+    size_t kept;
+};
+
+enum { KEEPER_BLOCKS = 15 * 1024 }; /* 1 KiB blocks: 15 MiB, within a 16 MiB keep */
+
+static void *fill_own_keep(void *arg)
+{
+    struct keeper *k = arg;
+    static void *blocks[KEEPER_BLOCKS];
+    for (int i = 0; i < KEEPER_BLOCKS; i++)
+        blocks[i] = malloc(1024);
+    pthread_barrier_wait(k->step); /* allocated */
+    pthread_barrier_wait(k->step); /* the main thread freed its blocks */
+    for (int i = 0; i < KEEPER_BLOCKS; i++)
+        free(blocks[i]);
+    k->kept = gsi_tls_mine->empty_bytes;
+    pthread_barrier_wait(k->step); /* freed */
+    pthread_barrier_wait(k->step); /* checked */
+    return NULL;
+}
+
+Test(segment, own_keeps_filled_after_the_last_retirement_trim_the_boost)
+{
+    refault_options();
+    gsi_option_set(GSI_OPT_EMPTY_CACHE_MB, 16);
+    rebuild_rounds(1024, 1024, (size_t)64 << 20, 4, 0);
+    cr_assert_eq(gsi_segments_budget_boost(), (size_t)16 << 20);
+    pthread_barrier_t step;
+    pthread_barrier_init(&step, NULL, 2);
+    struct keeper k = {&step, 0};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, fill_own_keep, &k), 0);
+    pthread_barrier_wait(&step);
+    rebuild_rounds(1024, 1024, (size_t)64 << 20, 1, 0); /* dirty slots fill the budget */
+    cr_assert_eq(gsi_segments_empty_budget(), (size_t)32 << 20);
+    cr_assert_geq(gsi_segments_dirty_bytes(), (size_t)24 << 20, "only %zu KiB committed",
+                  gsi_segments_dirty_bytes() >> 10);
+    gsi_option_set(GSI_OPT_HEAP_EMPTY_KB, 16384); /* the thread's frees go to its keep */
+    pthread_barrier_wait(&step);
+    pthread_barrier_wait(&step);
+    size_t budget = gsi_segments_empty_budget(), dirty = gsi_segments_dirty_bytes();
+    size_t own = gsi_heap_own_kept_bytes();
+    pthread_barrier_wait(&step);
+    pthread_join(t, NULL);
+    cr_assert_geq(k.kept, (size_t)14 << 20, "the thread kept only %zu KiB", k.kept >> 10);
+    cr_assert_eq(budget, ((size_t)32 << 20) - own, "budget %zu KiB, own keeps %zu KiB",
+                 budget >> 10, own >> 10);
+    cr_assert_leq(dirty, budget, "%zu KiB committed in empty slots, budget %zu KiB",
+                  dirty >> 10, budget >> 10);
+}
+
 /* Blocks the program leaves mostly untouched (64 KiB, one byte written
    each) lose nothing when they go back, and kept committed would have to
    be cleared for the next calloc: the budget stays as it is. */
