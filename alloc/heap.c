@@ -922,8 +922,12 @@ static struct gs_slab *refill_from(struct gs_heap *h, struct gs_slab_list *l)
    (gsi_heap_slab_empty). Retiring all of them made two medium sizes used
    in turn, in batches larger than a slab, 3.3 times slower (a review:
    each batch's new slab retired the other size's kept one, a trip to the
-   segment lock per batch); 1 MiB holds two slabs of all but the largest
-   classes. */
+   segment lock per batch). 1 MiB holds two slabs of the classes up to
+   120 KiB (512 KiB slabs) and one of the others but the largest (1088
+   KiB); the largest slabs go first, since one of them alone takes the
+   keep past the bound: retired from the smallest, it went too after all
+   the others had (three sizes of 200..250 KB in turn made a slab every
+   round; from the largest, two rounds in three). */
 #define MEDIUM_KEEP_BYTES ((size_t)1 << 20)
 
 static void retire_kept_medium(struct gs_heap *h)
@@ -931,7 +935,7 @@ static void retire_kept_medium(struct gs_heap *h)
     size_t kept = 0;
     for (unsigned c = GS_FIRST_MEDIUM_CLASS; c < GS_NCLASSES; c++)
         kept += h->kept[c].count * gsi_classes[c].span * GS_SLOT_SIZE;
-    for (unsigned c = GS_FIRST_MEDIUM_CLASS; c < GS_NCLASSES && kept > MEDIUM_KEEP_BYTES; c++)
+    for (unsigned c = GS_NCLASSES; c-- > GS_FIRST_MEDIUM_CLASS && kept > MEDIUM_KEEP_BYTES;)
         while (h->kept[c].first && kept > MEDIUM_KEEP_BYTES) {
             kept -= gsi_classes[c].span * GS_SLOT_SIZE;
             retire_owned(h, h->kept[c].first);

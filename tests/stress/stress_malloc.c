@@ -614,9 +614,11 @@ static void build_rounds_of_200_mib(void)
     /* Their empty slabs go back, the boost stays: the baseline of the
        test holds none of them. */
     malloc_trim(0);
+    /* At its cap (32 MiB), or halved once if a purge pass came a decay
+       period (1 s) after the last refault the rounds sampled: a stall
+       of over 2 s would be needed for less. */
     long boost = refault_boost_kib();
-    cr_assert_eq(boost, 32 << 10, "the rounds raised the refault boost to %ld KiB, not to its cap",
-                 boost);
+    cr_assert_geq(boost, 16 << 10, "the rounds raised the refault boost to %ld KiB only", boost);
 }
 
 Test(stress_malloc, memory_return_after_refaults, .timeout = 600)
