@@ -916,30 +916,60 @@ static struct gs_slab *refill_from(struct gs_heap *h, struct gs_slab_list *l)
     return NULL;
 }
 
-/* A new medium slab is about to be made: the kept empty slabs of the
-   other medium classes beyond MEDIUM_KEEP_BYTES go back to their segments
-   first, where the new one can take their committed slots
-   (gsi_heap_slab_empty). Retiring all of them made two medium sizes used
-   in turn, in batches larger than a slab, 3.3 times slower (a review:
-   each batch's new slab retired the other size's kept one, a trip to the
-   segment lock per batch). 1 MiB holds two slabs of the classes up to
-   120 KiB (512 KiB slabs) and one of the others but the largest (1088
-   KiB); the largest slabs go first, since one of them alone takes the
-   keep past the bound: retired from the smallest, it went too after all
-   the others had (three sizes of 200..250 KB in turn made a slab every
-   round; from the largest, two rounds in three). */
-#define MEDIUM_KEEP_BYTES ((size_t)1 << 20)
+/* Medium reuse. A heap keeps at most MEDIUM_KEEP_SLABS emptied medium
+   slabs of each span, of any classes, and a refill that would make a new medium slab
+   takes the newest kept one of the same span instead, formatted again for
+   its class (the medium classes have two spans: size_class.c). A buffer
+   grown by realloc moves up through the classes: its new block's slab is
+   the one the smaller blocks just left, its lines still in the cache, and
+   no slab of a class it has left waits for the next round (100 buffers
+   grown side by side to 256 KiB: 63 -> XX MB peak RSS, docs/benchmarks.md).
+   Kept one per class, as until the thirty-sixth session, a medium slab
+   served its class only: every class a program passed through held one,
+   and a refill retired the others' beyond 1 MiB to their segments, whose
+   committed slots the new slab took in no particular order. Two: a batch
+   of one size allocated and freed while a batch of another is live. */
+#define MEDIUM_KEEP_SLABS 2
 
-static void retire_kept_medium(struct gs_heap *h)
+/* The kept medium slabs of h of `span` slots: the newest, the oldest, and
+   how many. A heap keeps few: the walk is short. */
+struct medium_kept {
+    struct gs_slab *newest, *oldest;
+    unsigned count;
+};
+
+static struct medium_kept medium_kept_scan(const struct gs_heap *h, unsigned span)
 {
-    size_t kept = 0;
+    struct medium_kept k = {NULL, NULL, 0};
     for (unsigned c = GS_FIRST_MEDIUM_CLASS; c < GS_NCLASSES; c++)
-        kept += h->kept[c].count * gsi_classes[c].span * GS_SLOT_SIZE;
-    for (unsigned c = GS_NCLASSES; c-- > GS_FIRST_MEDIUM_CLASS && kept > MEDIUM_KEEP_BYTES;)
-        while (h->kept[c].first && kept > MEDIUM_KEEP_BYTES) {
-            kept -= gsi_classes[c].span * GS_SLOT_SIZE;
-            retire_owned(h, h->kept[c].first);
+        for (struct gs_slab *s = h->kept[c].first; s; s = s->next) {
+            if (s->span != span)
+                continue;
+            k.count++;
+            if (!k.newest || (int32_t)(s->kept_seq - k.newest->kept_seq) > 0)
+                k.newest = s;
+            if (!k.oldest || (int32_t)(s->kept_seq - k.oldest->kept_seq) < 0)
+                k.oldest = s;
         }
+    return k;
+}
+
+/* An active slab of a smaller medium class, of cls's span, with every
+   object free (NULL if none), nearest class first. The active slab stays
+   when it empties (the free fast path does not see it reach zero, and a
+   thread that allocates and frees one block at a time must keep it): a
+   buffer grown by realloc left one in every class it passed through.
+   Smaller only: two classes used one block at a time in turn would
+   otherwise take each other's slab at every turn; this way the smaller
+   one makes a slab once. */
+static struct gs_slab *medium_empty_active_below(const struct gs_heap *h, unsigned cls)
+{
+    for (unsigned c = cls; c-- > GS_FIRST_MEDIUM_CLASS;) {
+        struct gs_slab *s = h->active[c];
+        if (s != &gsi_empty_slab && s->span == gsi_classes[cls].span && gsi_slab_recount(s) == 0)
+            return s;
+    }
+    return NULL;
 }
 
 static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
@@ -1016,8 +1046,15 @@ static struct gs_slab *refill(struct gs_heap *h, unsigned cls)
     /* An active slab at the start means refill found it used up. A
        thread's heap places its slabs in segments of its own once it has
        made a few (segment.c, place_locked). */
-    if (cls >= GS_FIRST_MEDIUM_CLASS)
-        retire_kept_medium(h);
+    if (cls >= GS_FIRST_MEDIUM_CLASS &&
+        ((s = medium_kept_scan(h, gsi_classes[cls].span).newest) ||
+         (s = medium_empty_active_below(h, cls)))) {
+        unlink_owned(h, s);
+        gsi_orphan_remove(s); /* a stale entry's list is its old class's */
+        gsi_slab_reformat(s, cls);
+        gsi_slab_extend(s, EXTEND_BATCH);
+        goto got;
+    }
     uint32_t affinity = h->thread_ptr && h->slabs_made >= GS_HEAP_CLAIM_AFTER ? h->id : 0;
     h->slabs_made++;
     s = gsi_slab_new(cls, used_up, affinity);
@@ -1135,20 +1172,20 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
        nothing while their allocator maps new ones (bench/prodcons: 2 to
        20 MB peak RSS for 64 KiB in flight, and so again when the
        consumer allocated one block of the class). Retired, they reach the
-       allocator through the class's ready list. Of a medium class, one
-       slab at most, and the other classes' past 1 MiB go back when a
-       refill makes a new medium slab (retire_kept_medium): kept, a medium
-       slab serves its class only, while its slots retired (committed,
-       within the empty-slab budget) serve a new slab of any class. Medium
-       blocks of many sizes in turn, as a program's buffers are, kept slabs
-       of each class: `git pack-objects` peaked at 40 MB with them, 32 MB
-       now (jemalloc 27). Keeping none cost a trip to the segment lock per
+       allocator through the class's ready list. Medium slabs, of all
+       classes together, MEDIUM_KEEP_SLABS at most, the newest ("Medium
+       reuse", above): one kept per medium class made `git pack-objects`
+       peak at 40 MB (jemalloc 27), as a program's buffers pass through
+       many sizes. Keeping none cost a trip to the segment lock per
        emptied and per new slab, which made a loop that allocates and
        frees a slab's worth of one medium size at a time 3 times slower (a
-       review: 64 M -> 22 M pairs/s at 40,000 B, 6 a batch); the one slab
-       kept serves such a loop. */
-    bool medium = s->cls >= GS_FIRST_MEDIUM_CLASS;
-    if (h->live && keep && h->keep_credit[s->cls] && !(medium && h->kept[s->cls].first)) {
+       review: 64 M -> 22 M pairs/s at 40,000 B, 6 a batch). */
+    if (s->cls >= GS_FIRST_MEDIUM_CLASS && h->live && keep && h->keep_credit[s->cls]) {
+        struct medium_kept k = medium_kept_scan(h, s->span);
+        if (k.count >= MEDIUM_KEEP_SLABS)
+            retire_owned(h, k.oldest);
+    }
+    if (h->live && keep && h->keep_credit[s->cls]) {
         own = h->empty_bytes + bytes <= keep && own_keep_take(bytes);
         kept = own || shared_keep_take(bytes);
     }
@@ -1162,6 +1199,7 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
             h->empty_bytes += bytes;
         s->where = GS_IN_KEPT;
         s->kept_pass = h->decay_pass;
+        s->kept_seq = ++h->keep_seq;
         list_append(&h->kept[s->cls], s);
         /* Its decay passes retire it if nothing takes it (see
            gsi_heap_retire_idle_kept): the clock starts with the first. */

@@ -211,9 +211,14 @@ struct gs_slab {
     struct gs_cache *cache;  /* owning dedicated cache, NULL for malloc */
     union {
         uint64_t wait_cookie; /* waiting list: cookie it waits for */
-        /* kept list: its heap's decay_pass when it was kept (heap.c,
-           gsi_heap_retire_idle_kept) */
-        uint32_t kept_pass;
+        struct {
+            /* kept list: its heap's decay_pass when it was kept (heap.c,
+               gsi_heap_retire_idle_kept) */
+            uint32_t kept_pass;
+            /* and its heap's keep_seq then: the newest kept medium slab
+               is the one a new medium class reuses (heap.c) */
+            uint32_t kept_seq;
+        };
     };
 
     /* --- shared fields (and owner_key, above) --- */
@@ -370,6 +375,7 @@ struct gs_heap {
     uint16_t keep_credit[GS_NCLASSES];
     uint64_t decay_ns;                         /* last decay pass; 0: no medium slab nor kept one yet (decay.c) */
     uint32_t decay_pass;                       /* passes made (decay.c) */
+    uint32_t keep_seq;                         /* medium slabs kept, ever (heap.c) */
     /* Per class, the class's demand count (heap.c, class_demand) this
        heap saw last, and the sheds it may still make since then. */
     uint32_t demand_seen[GS_NCLASSES];
@@ -439,6 +445,10 @@ void gsi_classes_init(void);
 void gsi_class_color(const struct gs_class_info *ci, const void *base, size_t *link_off,
                      size_t *start_off);
 unsigned gsi_class_slow(size_t size); /* any size <= GS_SMALL_MAX */
+/* Slots of a medium class's slab (size above GS_DIRECT_MAX): one of two
+   spans, so that an emptied slab can serve other classes (size_class.c). */
+unsigned gsi_medium_span(size_t size);
+#define GS_MEDIUM_MAX_OBJECTS 16 /* a bit each in decay.c's masks */
 /* Class of 1024 < size <= GS_SMALL_MAX: 8 classes per doubling, so the top
    bit of size - 1 and the three below it, rounded up. */
 GS_INLINE unsigned gsi_class_above_1k(size_t size)
@@ -587,6 +597,9 @@ size_t gsi_segments_list(struct gs_segment **out, size_t max);
    the segments with a free slot, each on the list of its longest run,
    and the dirty list exactly those with a dirty slot, newest first. */
 long gsi_segments_open_check(unsigned min_run);
+/* Tests: segments with no free slot whose every slab has an owner or
+   objects in use. */
+long gsi_segments_full_in_use(void);
 size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */
 size_t gsi_segments_dirty_bytes(void);  /* bytes of unused slots still committed */
 size_t gsi_segments_given_back(void);   /* bytes of dirty slots decommitted so far */
@@ -596,6 +609,9 @@ size_t gsi_segments_given_back(void);   /* bytes of dirty slots decommitted so f
 size_t gsi_segments_empty_budget(void);
 /* What refaults add to it, less the heaps' own keeps (segment.c,
    "Refaults"). */
+/* calloc cleared a block of s: the pages it touched say nothing of the
+   program's use, so s no longer counts as a refault. */
+void gsi_slab_cleared(struct gs_slab *s);
 size_t gsi_segments_budget_boost(void);
 /* Decommits dirty slots past the budget, which fell (a heap's own keep
    grew while there is a boost). */
@@ -785,6 +801,10 @@ GS_INLINE bool gsi_slab_next_is_zero(const struct gs_slab *s)
     return !gsi_valgrind && s->free_head != GS_LINK_END && s->free_head >= s->zero_from;
 }
 void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls);
+/* Owner: an empty medium slab of its heap, off every list, made a slab of
+   class cls (of the same span) in place, still owned (heap.c, "Medium
+   reuse"). */
+void gsi_slab_reformat(struct gs_slab *s, unsigned cls);
 /* The active slab's advance charge: no run of frees reaches it (2^62). */
 #define GS_ACTIVE_CHARGE ((uint64_t)1 << 62)
 /* Owner: the exact `used` of s from its lists (bump - |local list|). */

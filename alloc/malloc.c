@@ -171,8 +171,10 @@ static GS_NOINLINE void *calloc_medium(size_t size)
 {
     bool zeroed = false;
     void *p = alloc_class(gsi_tls_heap, gsi_class_above_1k(size), size, &zeroed);
-    if (GS_LIKELY(p) && !zeroed)
+    if (GS_LIKELY(p) && !zeroed) {
         memset(p, 0, size);
+        gsi_slab_cleared(gsi_slab_of(p));
+    }
     return p;
 }
 

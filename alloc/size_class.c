@@ -5,9 +5,10 @@
  * Internal waste is below 16 bytes (alignment) up to 128 B and below 1/9
  * (11.1%) above it.
  *
- * A slab of class c spans enough 64 KiB slots to hold at least 8 objects
- * (4 above 32 KiB). Its link array (2 bytes per object, plus one sentinel)
- * lives in the segment header for every class from 176 bytes up, and the
+ * A slab of class c spans enough 64 KiB slots to hold at least 8 objects;
+ * above 32 KiB, one of two spans ("Medium spans", below). Its link array
+ * (2 bytes per object, plus one sentinel) lives in the segment header for
+ * every class from 176 bytes up, and the
  * objects fill the span from its first byte ("Where the links live",
  * below). In the smaller classes the slab's first bytes hold it, at a small
  * offset that differs between slabs (colouring, see gsi_class_color), and
@@ -50,16 +51,18 @@ static uint64_t odd_inverse(uint64_t d)
 static void class_layout(struct gs_class_info *ci, uint32_t size)
 {
     size_t align = natural_align(size);
-    /* At least 8 objects per slab; 4 in the medium classes, whose slabs
-       would otherwise reach 2 MiB (half a segment) at 256 KiB. */
-    size_t least = size > GS_DIRECT_MAX ? 4 : 8;
+    /* At least 8 objects per slab. */
     unsigned span = 1;
-    while (span * GS_SLOT_SIZE < least * (size_t)size + GS_PAGE)
+    while (span * GS_SLOT_SIZE < 8 * (size_t)size + GS_PAGE)
         span++;
+    if (size > GS_DIRECT_MAX)
+        span = gsi_medium_span(size);
     size_t bytes = span * GS_SLOT_SIZE;
     size_t n = bytes / size;
     if (n > GS_MAX_OBJECTS)
         n = GS_MAX_OBJECTS;
+    if (size > GS_DIRECT_MAX && n > GS_MEDIUM_MAX_OBJECTS)
+        n = GS_MEDIUM_MAX_OBJECTS;
     /* Links in the header when that holds as many objects as links in
        the slab would. */
     size_t in_header = n < GS_SLOT_LINK_BYTES / 2 ? n : GS_SLOT_LINK_BYTES / 2 - 1;
@@ -81,6 +84,26 @@ static void class_layout(struct gs_class_info *ci, uint32_t size)
     ci->span = (uint8_t)span;
     ci->shift = (uint8_t)__builtin_ctz(size);
     ci->inverse = odd_inverse(size >> ci->shift);
+}
+
+/* Medium spans. The medium classes (above 32 KiB) have two slab sizes,
+   not one each: 16 slots (1 MiB) from 64 KiB up, 9 slots (576 KiB) below,
+   at least 4 objects a slab (256 KiB) and at most 16 (decay.c keeps a bit
+   per object). A medium slab its heap emptied can then serve any class of
+   its span, formatted again in place (heap.c, "Medium reuse"): a buffer
+   that grows through the classes, as realloc makes it, reuses the slab
+   its smaller size just emptied, whose lines are still in the cache,
+   where slabs of one span per class could serve their own class only and
+   every class kept its own. The price is the tail a class does not fill:
+   at most 3/16 of the span (4 objects of 208 KiB in 1 MiB; 9 of 60 KiB
+   leave 36 KiB of 576), where the spans fitted to each class (3..17
+   slots) left at most a slot. One span of 16 slots for all would reuse
+   more (100 buffers grown side by side to 256 KiB: 41 MB peak RSS
+   against 48), but a class of 36 KiB would leave 448 KiB of each slab
+   unused, resident when the slots held another slab before. */
+unsigned gsi_medium_span(size_t size)
+{
+    return size >= 65536 ? 16 : 9;
 }
 
 /* Where the links live. The link array is what every malloc and free

@@ -31,7 +31,9 @@
 
 #include <string.h>
 
-void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
+/* The owner fields of a slab of class cls on the slots at base: geometry,
+   an empty local list, every link unused. */
+static void slab_layout(struct gs_slab *s, char *base, unsigned cls)
 {
     const struct gs_class_info *ci = &gsi_classes[cls];
     /* memcheck: the slots may have held objects of another class, which
@@ -83,11 +85,30 @@ void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
     gsi_link_store(s, ci->capacity, GS_LINK_INVALID);
     /* memcheck: no object is addressable until it is handed out. */
     GS_VG_NOACCESS(s->start, (size_t)ci->capacity * ci->size);
+}
+
+void gsi_slab_format(struct gs_slab *s, char *base, unsigned cls)
+{
+    slab_layout(s, base, cls);
     atomic_store_explicit(&s->owner_key, 0, memory_order_relaxed);
     atomic_store_explicit(&s->xstate, GS_X_MAKE(0, GS_LINK_END, 0), memory_order_relaxed);
     for (int i = 0; i < GS_PENDING_CHAINS; i++)
         atomic_store_explicit(&s->pending[i], GS_P_MAKE(0, GS_LINK_END & 0xFFF, 0),
                               memory_order_relaxed);
+}
+
+void gsi_slab_reformat(struct gs_slab *s, unsigned cls)
+{
+    GS_ASSERT(s->used == 0 && s->where == GS_IN_NONE && !s->kept_empty && !s->orphaned &&
+              !s->cache && s->span == gsi_classes[cls].span && !gsi_slab_has_pending(s));
+    GS_ASSERT(GS_X_COUNT(atomic_load_explicit(&s->xstate, memory_order_relaxed)) == 0);
+    struct gs_segment *seg = (struct gs_segment *)((uintptr_t)s & ~GS_SEGMENT_MASK);
+    gsi_decay_forget(s); /* its decommitted pages read as zero: any class's */
+    /* Ownership, the (empty) remote chain and the (empty) pending chains
+       stay as they are: a thread that frees one of the old objects again
+       meets links that are not ALLOCATED and aborts, as it would have
+       before. */
+    slab_layout(s, (char *)seg + (size_t)(s - seg->slabs) * GS_SLOT_SIZE, cls);
 }
 
 uint32_t gsi_slab_extend(struct gs_slab *s, uint32_t want)

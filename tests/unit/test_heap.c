@@ -250,133 +250,191 @@ Test(heap, idle_kept_slabs_go_back)
     cr_assert_gt(h->kept[cls].count, 1, "slabs kept since the last pass retired at the next");
 }
 
-static size_t kept_medium_bytes(const struct gs_heap *h)
-{
-    size_t bytes = 0;
-    for (unsigned c = GS_FIRST_MEDIUM_CLASS; c < GS_NCLASSES; c++)
-        bytes += h->kept[c].count * gsi_classes[c].span * GS_SLOT_SIZE;
-    return bytes;
-}
-
-/* A heap keeps at most one emptied slab of a medium class, and a new
-   medium slab sends the kept ones of other classes past 1 MiB back to
-   their segments, where a new slab of any class can take their committed
-   slots. In a thread of its own, whose heap has no slab of these classes
-   from before (see medium_batches below). Fails with medium slabs kept
-   like the others (several of a class kept), and with the kept ones left
-   when another class makes a slab. */
+/* A heap keeps at most two emptied medium slabs of each span, of all
+   classes together, the newest: the others go back to their segments
+   (heap.c, "Medium reuse"). In a thread of its own, whose heap has no
+   slab of these classes from before. Fails with one kept per class (the
+   rule until the thirty-sixth session: one of each of the six classes
+   below, two spans). */
 struct medium_keep {
-    size_t kept_40000;   /* slabs kept of 40,000 B's class after 64 frees */
-    size_t retired;      /* bytes those frees retired to the segments */
-    size_t most_kept;    /* most slabs kept of one of the larger classes */
-    size_t kept_before;  /* medium bytes kept before a new class's slab */
-    size_t kept_after;   /* and after */
+    size_t retired;    /* bytes the 40,000 B frees retired to the segments */
+    unsigned most;     /* most medium slabs of one span kept at once */
+    bool newest;       /* the kept ones were the last two emptied */
 };
+
+static unsigned kept_medium_slabs(const struct gs_heap *h, unsigned span)
+{
+    unsigned n = 0;
+    for (unsigned c = GS_FIRST_MEDIUM_CLASS; c < GS_NCLASSES; c++)
+        if (gsi_classes[c].span == span)
+            n += (unsigned)h->kept[c].count;
+    return n;
+}
 
 static void *medium_keep_run(void *arg)
 {
     struct medium_keep *m = arg;
     enum { N = 64 };
     static void *medium[N];
-    for (int i = 0; i < N; i++)
-        medium[i] = malloc(40000);
+    free(malloc(1)); /* the thread's heap */
     struct gs_heap *h = gsi_tls_mine;
-    size_t dirty = gsi_segments_dirty_bytes();
-    for (int i = 0; i < N; i++)
-        free(medium[i]);
-    m->kept_40000 = h->kept[gsi_size_class(40000)].count;
-    m->retired = gsi_segments_dirty_bytes() - dirty;
-    /* Slabs of larger classes emptied in turn: the last one's 17 slots
-       alone take the kept bytes past 1 MiB. */
-    static const size_t sizes[] = {60000, 90000, 130000, 200000, 250000};
+    static const size_t sizes[] = {40000, 60000, 90000, 130000, 200000, 250000};
+    struct gs_slab *last[2] = {NULL, NULL}; /* the two slabs emptied last */
+    m->newest = true;
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
-        for (int i = 0; i < 8; i++)
+        for (int i = 0; i < N; i++)
             medium[i] = malloc(sizes[k]);
-        for (int i = 0; i < 8; i++)
+        size_t dirty = gsi_segments_dirty_bytes();
+        for (int i = 0; i < N; i++) {
+            struct gs_slab *s = gsi_slab_of(medium[i]);
             free(medium[i]);
-        size_t n = h->kept[gsi_size_class(sizes[k])].count;
-        m->most_kept = n > m->most_kept ? n : m->most_kept;
+            if (s->where == GS_IN_KEPT && s != last[1]) {
+                last[0] = last[1];
+                last[1] = s;
+            }
+            unsigned n = kept_medium_slabs(h, s->span);
+            m->most = n > m->most ? n : m->most;
+        }
+        if (k == 0)
+            m->retired = gsi_segments_dirty_bytes() - dirty;
+        m->newest &= last[1]->where == GS_IN_KEPT && (!last[0] || last[0]->where == GS_IN_KEPT);
     }
-    m->kept_before = kept_medium_bytes(h);
-    void *p = malloc(33000); /* a class without a slab yet */
-    m->kept_after = kept_medium_bytes(h);
-    free(p);
     return NULL;
 }
 
-Test(heap, emptied_medium_slabs_kept_one_per_class)
+Test(heap, emptied_medium_slabs_kept_two_newest)
 {
     gsi_option_set(GSI_OPT_PURGE_DELAY_MS, 600000); /* retired slots stay committed */
-    cr_assert_geq(gsi_size_class(33000), GS_FIRST_MEDIUM_CLASS);
     struct medium_keep m = {0};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, medium_keep_run, &m), 0);
     pthread_join(t, NULL);
-    cr_assert_eq(m.kept_40000, 1, "%zu slabs of one medium class kept", m.kept_40000);
-    /* 64 blocks of 40 KiB, 4 to a slab: all but the active and the kept
-       slabs' went back. */
-    cr_assert_geq(m.retired, (size_t)(64 - 8) * 40000,
-                  "only %zu KiB of emptied medium slabs retired", m.retired >> 10);
-    cr_assert_eq(m.most_kept, 1, "%zu slabs of one medium class kept", m.most_kept);
-    cr_assert_gt(m.kept_before, (size_t)1 << 20, "only %zu KiB kept", m.kept_before >> 10);
-    cr_assert_leq(m.kept_after, (size_t)1 << 20,
-                  "%zu KiB of medium slabs still kept after another class made a slab",
-                  m.kept_after >> 10);
-    /* The largest went first (the last one, of 250,000 B, alone takes the
-       keep past 1 MiB): the others stay. */
-    cr_assert_gt(m.kept_after, 0, "every kept medium slab went back");
+    cr_assert_eq(m.most, 2, "%u medium slabs of one span kept at once", m.most);
+    cr_assert(m.newest, "the kept medium slabs are not the last two emptied");
+    /* 64 blocks of 40,000 B, 14 to a slab (5 slabs): all but the active
+       and the two kept slabs went back. */
+    size_t slab = (size_t)gsi_classes[gsi_size_class(40000)].span * GS_SLOT_SIZE;
+    cr_assert_geq(m.retired, 2 * slab, "only %zu KiB of emptied medium slabs retired",
+                  m.retired >> 10);
 }
 
-/* A loop that allocates and frees a slab's worth of a medium size at a
-   time (6 blocks, 4 to a slab), one size and then two in turn (40,000 and
-   100,000 B), makes no slab after the first rounds: the slabs it empties
-   are kept for the next rounds. In a thread of its own, whose heap holds
-   no slab from before (the test runner's partly used slabs of those
-   classes served every round of the main thread's heap whatever the
-   keep). Fails with no medium slab kept (a new slab every round: three
-   times slower), and with a new medium slab retiring every kept slab of
-   the other classes (two sizes in turn: 3.3 times slower). */
+/* A block that grows into a larger medium class (as realloc moves it)
+   takes the slab its smaller class left empty, active or kept, formatted
+   again for the larger class, whose lines are still in the cache; a
+   smaller class never takes a larger one's empty active slab (two sizes
+   used one block at a time in turn would take each other's slab at every
+   turn). In a thread of its own (its heap has no medium slab). Fails with
+   a new slab for each class (the rule until the thirty-sixth session). */
+struct medium_growth {
+    struct gs_slab *small, *grown, *kept, *grown_from_kept, *shrunk;
+    unsigned grown_cls;
+};
+
+static void *medium_growth_run(void *arg)
+{
+    struct medium_growth *m = arg;
+    void *p = malloc(100000);
+    m->small = gsi_slab_of(p);
+    free(p); /* the 100,000 B class's active slab, empty */
+    void *q = malloc(150000);
+    m->grown = gsi_slab_of(q);
+    m->grown_cls = m->grown->cls;
+    /* Emptied and kept: a slab of the 100,000 B class filled and freed. */
+    unsigned cap = gsi_classes[gsi_size_class(100000)].capacity;
+    static void *batch[64];
+    for (unsigned i = 0; i < 2 * cap; i++)
+        batch[i] = malloc(100000);
+    struct gs_slab *first = gsi_slab_of(batch[0]);
+    for (unsigned i = 0; i < 2 * cap; i++)
+        free(batch[i]);
+    m->kept = first->where == GS_IN_KEPT ? first : NULL;
+    void *r = malloc(200000); /* a class without a slab: takes the kept one */
+    m->grown_from_kept = gsi_slab_of(r);
+    free(r);
+    free(q); /* the 150,000 B and 200,000 B classes' active slabs are empty */
+    /* A class of their span below them, and below every other class with
+       a slab: only the larger classes' empty slabs would serve it. */
+    void *v = malloc(70000);
+    m->shrunk = gsi_slab_of(v);
+    free(v);
+    return NULL;
+}
+
+Test(heap, growing_block_takes_the_slab_its_class_left)
+{
+    struct medium_growth m = {0};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, medium_growth_run, &m), 0);
+    pthread_join(t, NULL);
+    cr_assert_eq(gsi_classes[gsi_size_class(100000)].span, gsi_classes[m.grown_cls].span);
+    cr_assert_eq(m.grown, m.small, "the grown block did not take the empty active slab");
+    cr_assert_eq(m.grown_cls, gsi_size_class(150000), "the slab was not formatted again");
+    cr_assert_not_null(m.kept, "no emptied slab of the 100,000 B class kept");
+    cr_assert_eq(m.grown_from_kept, m.kept, "a new class did not take the kept slab");
+    cr_assert_eq(gsi_classes[gsi_size_class(70000)].span, gsi_classes[m.grown_cls].span);
+    cr_assert(m.shrunk != m.grown && m.shrunk != m.kept,
+              "a smaller class took a larger one's active slab");
+}
+
+/* A loop that allocates and frees a medium size in batches of two or three
+   slabs' worth, one size, two or three in turn, makes no slab after the
+   first rounds: the slabs it empties are kept and serve the next rounds,
+   whatever their class. In a thread of its own, whose heap holds no slab
+   from before (the test runner's partly used slabs of those classes
+   served every round of the main thread's heap whatever the keep). Fails
+   with no medium slab kept (a new slab every round: three times slower),
+   with two kept of all spans together (40,000 B and 100,000 B take
+   each other's place: a slab a round), and, for three sizes of 200..250
+   KB, with one slab kept per class and the largest retired first (the
+   rule until the thirty-sixth session). */
 struct medium_batches {
-    size_t a, b;
+    size_t size[3];
+    unsigned sizes, batch;
     uint32_t made; /* slabs made after the first rounds */
 };
 
 static void *medium_batches_run(void *arg)
 {
     struct medium_batches *m = arg;
-    enum { BATCH = 6, ROUNDS = 100 };
-    void *p[BATCH];
+    enum { ROUNDS = 99 };
+    void *p[32];
     uint32_t made = 0;
     for (int r = 0; r < ROUNDS; r++) {
-        size_t size = r & 1 ? m->b : m->a;
-        for (int i = 0; i < BATCH; i++)
+        size_t size = m->size[(unsigned)r % m->sizes];
+        for (unsigned i = 0; i < m->batch; i++)
             p[i] = malloc(size);
-        for (int i = 0; i < BATCH; i++)
+        for (unsigned i = 0; i < m->batch; i++)
             free(p[i]);
-        if (r == 3)
+        if (r == 8) /* three turns of three sizes: each class has its slabs */
             made = gsi_tls_mine->slabs_made;
     }
     m->made = gsi_tls_mine->slabs_made - made;
     return NULL;
 }
 
-static void medium_batches(size_t a, size_t b)
+static void medium_batches(unsigned batch, size_t a, size_t b, size_t c)
 {
-    struct medium_batches m = {a, b, 0};
+    struct medium_batches m = {{a, b, c}, c ? 3 : b ? 2 : 1, batch, 0};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, medium_batches_run, &m), 0);
     pthread_join(t, NULL);
-    cr_assert_eq(m.made, 0, "%u slabs made in 96 rounds of %zu and %zu B", m.made, a, b);
+    cr_assert_eq(m.made, 0, "%u slabs made in 90 rounds of %u blocks of %zu, %zu and %zu B",
+                 m.made, batch, a, b, c);
 }
 
 Test(heap, medium_batch_loop_makes_no_slabs)
 {
-    medium_batches(40000, 40000);
+    medium_batches(24, 40000, 0, 0); /* 14 a slab */
 }
 
 Test(heap, medium_batches_of_two_sizes_make_no_slabs)
 {
-    medium_batches(40000, 100000);
+    medium_batches(24, 40000, 100000, 0); /* 14 and 10 a slab, two spans */
+}
+
+Test(heap, medium_batches_of_three_sizes_make_no_slabs)
+{
+    medium_batches(8, 200000, 225000, 250000); /* 5, 4 and 4 a slab */
 }
 
 /* A partial slab whose every object other threads freed is collected by
@@ -1815,7 +1873,7 @@ Test(heap, locked_medium_objects_stay_committed)
 Test(heap, decay_runs_when_frees_empty_slabs)
 {
     gsi_option_set(GSI_OPT_DECAY_MS, 1);
-    enum { N = 96, SIZE = 40000, EMPTIED = 6 };
+    enum { N = 256, SIZE = 40000, EMPTIED = 6 }; /* 14 objects a slab */
     static char *p[N];
     static bool live[N], idle[N];
     medium_objects(p, live, N, SIZE);
@@ -2046,8 +2104,8 @@ struct ev_worker {
     int n, nfree, nslabs;
     bool trim; /* malloc_trim before exiting: the free objects' pages go back */
     int keep;  /* objects kept live per slab (its first ones); 0: one */
-    char *p[512];
-    bool live[512];
+    char *p[1024];
+    bool live[1024];
 };
 
 static void *ev_run(void *arg)
@@ -2092,7 +2150,8 @@ Test(heap, orphans_nobody_adopts_give_way_to_new_ones)
     /* First orphans of the class that keep nothing: more than 64 (a walk
        from the oldest orphan bounded at 64 found no committed one behind
        them, and the late thread's pages went back). */
-    static struct ev_worker bare = {.size = 98304, .n = 480, .trim = true}; /* a class's size */
+    /* a class's size, 10 a slab */
+    static struct ev_worker bare = {.size = 98304, .n = 700, .trim = true};
     static struct ev_worker hoard = {.size = 98304, .n = 48};
     static struct ev_worker late = {.size = 40000, .n = 12};
     ev_thread(&bare);

@@ -114,6 +114,8 @@ static size_t header_fit(const struct gs_class_info *ci, size_t bytes)
     size_t n = bytes / ci->size;
     if (n > GS_MAX_OBJECTS)
         n = GS_MAX_OBJECTS;
+    if (ci->size > GS_DIRECT_MAX && n > GS_MEDIUM_MAX_OBJECTS)
+        n = GS_MEDIUM_MAX_OBJECTS;
     return n < GS_SLOT_LINK_BYTES / 2 ? n : GS_SLOT_LINK_BYTES / 2 - 1;
 }
 
