@@ -4,7 +4,7 @@
  * (heap.c, gsi_heap_retire_idle_kept).
  *
  * A freed medium object stays in its slab, and the slab goes back to its
- * segment only when all of its 4 to 8 objects are free. A program that
+ * segment only when all of its 4 to 16 objects are free. A program that
  * frees most of its medium blocks in a random order would keep nearly all
  * of their pages: 2000 blocks of 33..256 KiB, 283 MB when all were live,
  * 75 % freed, 288 MB still resident (jemalloc 289 MB until its decay

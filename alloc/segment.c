@@ -1,7 +1,7 @@
 /*
  * Segments: 4 MiB, 4 MiB-aligned mappings cut into 64 KiB slots. Slot 0
  * holds the segment header with every slab's metadata, so p -> slab is two
- * masks and one load (gsi_slab_of). A slab takes 1..17 contiguous slots
+ * masks and one load (gsi_slab_of). A slab takes 1..16 contiguous slots
  * (its class's span, size_class.c).
  *
  * Memory return: a retired (empty) slab stays committed ("dirty") for at
