@@ -1176,23 +1176,25 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
        20 MB peak RSS for 64 KiB in flight, and so again when the
        consumer allocated one block of the class). Retired, they reach the
        allocator through the class's ready list. Medium slabs, of all
-       classes together, MEDIUM_KEEP_SLABS at most, the newest ("Medium
-       reuse", above): one kept per medium class made `git pack-objects`
+       classes of a span together, MEDIUM_KEEP_SLABS at most, the newest
+       ("Medium reuse", above): one kept per medium class made `git pack-objects`
        peak at 40 MB (jemalloc 27), as a program's buffers pass through
        many sizes. Keeping none cost a trip to the segment lock per
        emptied and per new slab, which made a loop that allocates and
        frees a slab's worth of one medium size at a time 3 times slower (a
        review: 64 M -> 22 M pairs/s at 40,000 B, 6 a batch). */
-    if (s->cls >= GS_FIRST_MEDIUM_CLASS && h->live && keep && h->keep_credit[s->cls]) {
-        struct medium_kept k = medium_kept_scan(h, s->span);
-        if (k.count >= MEDIUM_KEEP_SLABS)
-            retire_owned(h, k.oldest);
-    }
     if (h->live && keep && h->keep_credit[s->cls]) {
         own = h->empty_bytes + bytes <= keep && own_keep_take(bytes);
         kept = own || shared_keep_take(bytes);
     }
     if (kept) {
+        /* The newest medium slabs of its span: the oldest gives way (once
+           s is kept: a refused keep retiring it too left none). */
+        if (s->cls >= GS_FIRST_MEDIUM_CLASS) {
+            struct medium_kept k = medium_kept_scan(h, s->span);
+            if (k.count >= MEDIUM_KEEP_SLABS)
+                retire_owned(h, k.oldest);
+        }
         h->keep_credit[s->cls]--;
         unlink_owned(h, s);
         /* On its own list: partly used slabs are refilled first. */

@@ -609,10 +609,10 @@ size_t gsi_segments_given_back(void);   /* bytes of dirty slots decommitted so f
 size_t gsi_segments_empty_budget(void);
 /* What refaults add to it, less the heaps' own keeps (segment.c,
    "Refaults"). */
+size_t gsi_segments_budget_boost(void);
 /* calloc cleared a block of s: the pages it touched say nothing of the
    program's use, so s no longer counts as a refault. */
 void gsi_slab_cleared(struct gs_slab *s);
-size_t gsi_segments_budget_boost(void);
 /* Decommits dirty slots past the budget, which fell (a heap's own keep
    grew while there is a boost). */
 void gsi_segments_trim(void);

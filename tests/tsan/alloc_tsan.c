@@ -8,8 +8,9 @@
  * Covered: cross-thread frees (remote chain, adoption of released slabs),
  * thread exit with live objects (abandonment, orphan adoption), gs_free_rcu
  * from several threads with readers validating objects (pending chains,
- * reclaim on refill, sweep), gs_reclaim, caches, and heaps that keep their
- * full slabs while other threads free into them.
+ * reclaim on refill, sweep), gs_reclaim, caches, heaps that keep their
+ * full slabs while other threads free into them, and a sweep racing the
+ * owner's new format of a medium slab.
  */
 #include "graceslab.h"
 
@@ -213,6 +214,26 @@ static void *keeper(void *arg)
     return NULL;
 }
 
+/* 6. A sweep hands a slab's pending objects to its owner, which collects
+   them, finds the slab empty and formats it for another medium class
+   (alloc/heap.c, "Medium reuse"), while the sweep still reads the slab's
+   class and size (a review: a race, and the pending count went to the
+   other class, unless the format takes the segment lock). */
+static atomic_int sweep_state;
+
+/* Relaxed: the flag orders nothing, so that TSan sees the sweep and the
+   format as the concurrent accesses they are in a program that does not
+   wait for the sweep (here it waits, for a deterministic run). */
+static void *sweeper(void *arg)
+{
+    (void)arg;
+    gs_reclaim(0);
+    atomic_store_explicit(&sweep_state, 1, memory_order_relaxed);
+    while (atomic_load_explicit(&sweep_state, memory_order_relaxed) != 2)
+        ;
+    return NULL;
+}
+
 int main(void)
 {
     pthread_t t[8];
@@ -289,6 +310,27 @@ int main(void)
         pthread_join(t[i], NULL);
     for (int i = 0; i < 8; i++)
         gs_free(atomic_exchange(&mailbox[i], NULL));
+
+    /* 6. a sweep, then the slab formatted for another class */
+    for (int round = 0; round < 20; round++) {
+        void *p[14]; /* 40 KiB blocks: 14 a slab */
+        for (int i = 0; i < 14; i++)
+            CHECK((p[i] = gs_malloc(40000)));
+        for (int i = 0; i < 14; i++)
+            gs_free_rcu(p[i]);
+        atomic_store_explicit(&sweep_state, 0, memory_order_relaxed);
+        pthread_create(&t[0], NULL, sweeper, NULL);
+        while (atomic_load_explicit(&sweep_state, memory_order_relaxed) != 1)
+            ;
+        gs_free(gs_malloc(40000)); /* collects them: the active slab is empty */
+        gs_free(gs_malloc(50000)); /* another class of its span takes it */
+        atomic_store_explicit(&sweep_state, 2, memory_order_relaxed);
+        pthread_join(t[0], NULL);
+    }
+    gs_reclaim((size_t)-1);
+    gs_stats_get(&st1);
+    for (unsigned c = 0; c < st1.nclasses; c++)
+        CHECK(st1.class_pending_objects[c] == 0);
     puts("alloc_tsan: ok");
     return 0;
 }
