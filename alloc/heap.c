@@ -1177,9 +1177,9 @@ void gsi_heap_slab_empty(struct gs_heap *h, struct gs_slab *s)
        consumer allocated one block of the class). Retired, they reach the
        allocator through the class's ready list. Medium slabs, of all
        classes of a span together, MEDIUM_KEEP_SLABS at most, the newest
-       ("Medium reuse", above): one kept per medium class made `git pack-objects`
-       peak at 40 MB (jemalloc 27), as a program's buffers pass through
-       many sizes. Keeping none cost a trip to the segment lock per
+       ("Medium reuse", above): one kept per medium class made `git
+       pack-objects` peak at 40 MB (jemalloc 27), as a program's buffers
+       pass through many sizes. Keeping none cost a trip to the segment lock per
        emptied and per new slab, which made a loop that allocates and
        frees a slab's worth of one medium size at a time 3 times slower (a
        review: 64 M -> 22 M pairs/s at 40,000 B, 6 a batch). */

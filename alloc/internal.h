@@ -597,9 +597,9 @@ size_t gsi_segments_list(struct gs_segment **out, size_t max);
    the segments with a free slot, each on the list of its longest run,
    and the dirty list exactly those with a dirty slot, newest first. */
 long gsi_segments_open_check(unsigned min_run);
-/* Tests: segments with no free slot whose every slab has an owner or
-   objects in use. */
-long gsi_segments_full_in_use(void);
+/* Tests: segments with no free slot whose every slab has objects in use
+   or is owned by the heap numbered owner. */
+long gsi_segments_full_in_use(uint32_t owner);
 size_t gsi_segments_decommitted(void); /* bytes of unused slots given back */
 size_t gsi_segments_dirty_bytes(void);  /* bytes of unused slots still committed */
 size_t gsi_segments_given_back(void);   /* bytes of dirty slots decommitted so far */

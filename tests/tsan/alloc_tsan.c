@@ -218,7 +218,10 @@ static void *keeper(void *arg)
    them, finds the slab empty and formats it for another medium class
    (alloc/heap.c, "Medium reuse"), while the sweep still reads the slab's
    class and size (a review: a race, and the pending count went to the
-   other class, unless the format takes the segment lock). */
+   other class, unless the format takes the segment lock). Each round in a
+   thread of its own, whose heap has no medium slab yet, so that every
+   round formats a slab again (in one thread, only the first did: the
+   other class kept its slab). */
 static atomic_int sweep_state;
 
 /* Relaxed: the flag orders nothing, so that TSan sees the sweep and the
@@ -231,6 +234,28 @@ static void *sweeper(void *arg)
     atomic_store_explicit(&sweep_state, 1, memory_order_relaxed);
     while (atomic_load_explicit(&sweep_state, memory_order_relaxed) != 2)
         ;
+    return NULL;
+}
+
+static void *sweep_then_format(void *arg)
+{
+    (void)arg;
+    void *p[14]; /* 40 KiB blocks: 14 a slab */
+    for (int i = 0; i < 14; i++)
+        CHECK((p[i] = gs_malloc(40000)));
+    for (int i = 0; i < 14; i++)
+        gs_free_rcu(p[i]);
+    atomic_store_explicit(&sweep_state, 0, memory_order_relaxed);
+    pthread_t sw;
+    pthread_create(&sw, NULL, sweeper, NULL);
+    while (atomic_load_explicit(&sweep_state, memory_order_relaxed) != 1)
+        ;
+    gs_free(gs_malloc(40000)); /* collects them: the active slab is empty */
+    void *q = gs_malloc(50000); /* another class of its span takes it */
+    CHECK(q);
+    atomic_store_explicit(&sweep_state, 2, memory_order_relaxed);
+    pthread_join(sw, NULL);
+    gs_free(q);
     return NULL;
 }
 
@@ -313,18 +338,7 @@ int main(void)
 
     /* 6. a sweep, then the slab formatted for another class */
     for (int round = 0; round < 20; round++) {
-        void *p[14]; /* 40 KiB blocks: 14 a slab */
-        for (int i = 0; i < 14; i++)
-            CHECK((p[i] = gs_malloc(40000)));
-        for (int i = 0; i < 14; i++)
-            gs_free_rcu(p[i]);
-        atomic_store_explicit(&sweep_state, 0, memory_order_relaxed);
-        pthread_create(&t[0], NULL, sweeper, NULL);
-        while (atomic_load_explicit(&sweep_state, memory_order_relaxed) != 1)
-            ;
-        gs_free(gs_malloc(40000)); /* collects them: the active slab is empty */
-        gs_free(gs_malloc(50000)); /* another class of its span takes it */
-        atomic_store_explicit(&sweep_state, 2, memory_order_relaxed);
+        pthread_create(&t[0], NULL, sweep_then_format, NULL);
         pthread_join(t[0], NULL);
     }
     gs_reclaim((size_t)-1);

@@ -207,7 +207,7 @@ static void free_alias(void *arg)
        may be; new ones come next to them. */
     char *p = NULL;
     for (int i = 0; i < 1024 && !p; i++) {
-        char *b = malloc(GS_DIRECT_MAX); /* 8 a slab of 5 slots */
+        char *b = malloc(GS_DIRECT_MAX); /* 10 a slab of 5 slots */
         if (gsi_slab_hint(b) == gsi_slab_of(b))
             p = b;
     }

@@ -1097,7 +1097,7 @@ Test(segment, open_lists_hold_segments_with_free_slots)
     /* The shared first segment may be full of the slabs of this (the
        runner's) thread, whose blocks live on: medium slabs span 9 or 16
        slots. */
-    long full_in_use = gsi_segments_full_in_use();
+    long full_in_use = gsi_segments_full_in_use(gsi_tls_mine->id);
     gsi_segments_purge(true);
     long purged = gsi_segments_open_check(1);
     cr_log_info("%zu segments; open: %ld after growth (%ld with room for a %u-slot slab), "

@@ -180,6 +180,26 @@ Test(size_class, slab_layout)
         cr_assert(gsi_class_header_links(&gsi_classes[c]), "class %u in the middle of the header ones", c);
 }
 
+/* Medium slabs (alloc/size_class.c, "Medium spans"): two spans, 9 slots
+   below 64 KiB and 16 from 64 KiB, so that an emptied slab serves any
+   class of its span; 4 to 16 objects (decay's masks have 16 bits), the
+   objects filling the span from its first byte, and the tail no class
+   fills at most 3/16 of it. */
+Test(size_class, medium_spans)
+{
+    for (unsigned c = GS_FIRST_MEDIUM_CLASS; c < GS_NCLASSES; c++) {
+        const struct gs_class_info *ci = &gsi_classes[c];
+        size_t bytes = (size_t)ci->span * GS_SLOT_SIZE, used = (size_t)ci->capacity * ci->size;
+        cr_assert_eq(ci->span, ci->size < 65536 ? 9u : 16u, "class %u (%u B): %u slots", c,
+                     ci->size, ci->span);
+        cr_assert(ci->capacity >= 4 && ci->capacity <= GS_MEDIUM_MAX_OBJECTS,
+                  "class %u (%u B): %u objects", c, ci->size, ci->capacity);
+        cr_assert(gsi_class_header_links(ci), "class %u: front links", c);
+        cr_assert_leq((bytes - used) * 16, bytes * 3, "class %u (%u B): %zu KiB of %zu unused",
+                      c, ci->size, (bytes - used) >> 10, bytes >> 10);
+    }
+}
+
 /* Colouring (gsi_class_color), for the classes with front links: at every
    colour a slab of the class has its whole link array before its first
    object, the first object naturally aligned, every object inside the
