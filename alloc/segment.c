@@ -93,6 +93,14 @@ static unsigned take_run(uint64_t *mask, unsigned *first)
     return n;
 }
 
+/* The segment of slab s, and in *first the slot s begins at. */
+static struct gs_segment *slab_segment(const struct gs_slab *s, unsigned *first)
+{
+    struct gs_segment *seg = (struct gs_segment *)((uintptr_t)s & ~GS_SEGMENT_MASK);
+    *first = (unsigned)(s - seg->slabs);
+    return seg;
+}
+
 /* First run of n set bits in avail, or -1. */
 static int find_run(uint64_t avail, unsigned n)
 {
@@ -608,8 +616,9 @@ static void note_refault_locked(struct gs_segment *seg, uint64_t mask, uint64_t 
    or takes the lock for nothing. */
 void gsi_slab_cleared(struct gs_slab *s)
 {
-    struct gs_segment *seg = (struct gs_segment *)((uintptr_t)s & ~GS_SEGMENT_MASK);
-    uint64_t mask = run_mask((unsigned)(s - seg->slabs), s->span);
+    unsigned first;
+    struct gs_segment *seg = slab_segment(s, &first);
+    uint64_t mask = run_mask(first, s->span);
     if (GS_LIKELY(!(__atomic_load_n(&seg->refault_slots, __ATOMIC_RELAXED) & mask)))
         return;
     pthread_mutex_lock(&segment_lock);
@@ -689,8 +698,8 @@ size_t gsi_segments_purge(bool force)
    extensions — unowned, on no list, every linked object free. */
 static struct gs_slab *reuse_ready_locked(struct gs_slab *s)
 {
-    struct gs_segment *seg = (struct gs_segment *)((uintptr_t)s & ~GS_SEGMENT_MASK);
-    unsigned first = (unsigned)(s - seg->slabs);
+    unsigned first;
+    struct gs_segment *seg = slab_segment(s, &first);
     uint64_t mask = run_mask(first, s->span);
     gsi_heap_list_remove(&ready[s->cls], s);
     seg->ready_slots &= ~mask;
@@ -887,8 +896,8 @@ struct gs_slab *gsi_slab_new(unsigned cls, bool populate, uint32_t affinity)
 
 void gsi_slab_retire(struct gs_slab *s)
 {
-    struct gs_segment *seg = (struct gs_segment *)((uintptr_t)s & ~GS_SEGMENT_MASK);
-    unsigned first = (unsigned)(s - seg->slabs);
+    unsigned first;
+    struct gs_segment *seg = slab_segment(s, &first);
     uint64_t mask = run_mask(first, s->span);
     uint64_t now = gsi_now_ns();
     /* No thread's fast path may match it any more (its owner calls this). */

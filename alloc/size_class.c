@@ -51,12 +51,14 @@ static uint64_t odd_inverse(uint64_t d)
 static void class_layout(struct gs_class_info *ci, uint32_t size)
 {
     size_t align = natural_align(size);
-    /* At least 8 objects per slab. */
+    /* At least 8 objects per slab; the medium classes have spans of
+       their own (below). */
     unsigned span = 1;
-    while (span * GS_SLOT_SIZE < 8 * (size_t)size + GS_PAGE)
-        span++;
     if (size > GS_DIRECT_MAX)
         span = gsi_medium_span(size);
+    else
+        while (span * GS_SLOT_SIZE < 8 * (size_t)size + GS_PAGE)
+            span++;
     size_t bytes = span * GS_SLOT_SIZE;
     size_t n = bytes / size;
     if (n > GS_MAX_OBJECTS)
