@@ -293,6 +293,95 @@ Test(rcu, wait_in_reader_is_bounded_and_gives_up_once, .timeout = 60)
     gs_rcu_unregister_thread();
 }
 
+/* A cookie the grace period in progress does not complete (it needs a
+   later one, which waits for the caller): the caller still waits for the
+   end of the one in progress, which does not wait for it (a throttle on a
+   thread allocating inside sections), and no longer. */
+Test(rcu, wait_in_reader_waits_out_the_grace_period_in_progress_for_a_later_cookie,
+     .timeout = 60)
+{
+    struct holder old;
+    struct gst_syncer s;
+    uint64_t start = enter_after_start(&old, &s);
+    pthread_t rel;
+    cr_assert_eq(pthread_create(&rel, NULL, release_later, &old), 0);
+    cr_assert_not(gsi_gp_wait_in_reader(start + 3, HOUR_NS),
+                  "a cookie whose grace period waits for the caller is done");
+    cr_assert(atomic_load(&old.release), "returned before `old` let the grace period end");
+    cr_assert(gsi_gp_done(start + 1), "returned before the grace period in progress ended");
+    cr_assert_not(gsi_gp_done(start + 3));
+    gs_rcu_read_unlock();
+    pthread_join(rel, NULL);
+    pthread_join(s.t, NULL);
+    gs_rcu_unregister_thread();
+}
+
+/* One round of the time-out tests: `old` holds a grace period open, the
+   caller is inside a section entered after its start, and its wait, with
+   bound max_ns, times out. */
+static void time_out_once(uint64_t max_ns)
+{
+    struct holder old;
+    struct gst_syncer s;
+    uint64_t start = enter_after_start(&old, &s);
+    cr_assert_not(gsi_gp_wait_in_reader(start + 1, max_ns));
+    cr_assert(atomic_load(&old.inside), "`old` left: no time-out");
+    gs_rcu_read_unlock();
+    holder_stop(&old);
+    pthread_join(s.t, NULL);
+}
+
+/* Starts a round whose grace period `old` holds until released (by
+   release_later, 100 ms on), returns whether the caller's wait for it
+   waited: it returns true only once `old` has left. */
+static bool waits_in_next_round(void)
+{
+    struct holder old;
+    struct gst_syncer s;
+    uint64_t start = enter_after_start(&old, &s);
+    pthread_t rel;
+    cr_assert_eq(pthread_create(&rel, NULL, release_later, &old), 0);
+    bool waited = gsi_gp_wait_in_reader(start + 1, HOUR_NS);
+    cr_assert_eq(waited, (bool)atomic_load(&old.release));
+    gs_rcu_read_unlock();
+    pthread_join(rel, NULL);
+    pthread_join(s.t, NULL);
+    return waited;
+}
+
+/* One slow grace period is no reason to stop waiting for the next one
+   (a thread that stopped for 100 ms allocated unthrottled meanwhile). */
+Test(rcu, wait_in_reader_waits_again_after_one_time_out, .timeout = 60)
+{
+    time_out_once(20000000u);
+    cr_assert(waits_in_next_round(), "a single time-out stopped the next wait");
+    gs_rcu_unregister_thread();
+}
+
+/* Time-outs in a row (a section holding a lock a reader of each grace
+   period wants) stop the waits for a while, up to 100 ms: the thread
+   would otherwise lose its bound on every grace period. Each round waits
+   out the pause the one before set (12.5, 25, 50 ms), so that its wait
+   times out rather than being refused. */
+Test(rcu, wait_in_reader_backs_off_after_time_outs_in_a_row, .timeout = 60)
+{
+    time_out_once(10000000u);
+    time_out_once(10000000u);
+    for (long pause = 13; pause <= 52; pause *= 2) {
+        sleep_ms(pause);
+        time_out_once(10000000u);
+    }
+    /* Five in a row: the next wait, started well within 100 ms, is
+       refused. */
+    cr_assert_not(waits_in_next_round(), "waited right after five time-outs in a row");
+    /* A wait that ends resets the count: after the pause, waits again. */
+    sleep_ms(120);
+    cr_assert(waits_in_next_round(), "did not wait once the pause was over");
+    time_out_once(20000000u);
+    cr_assert(waits_in_next_round(), "one time-out after a wait that ended stopped the next");
+    gs_rcu_unregister_thread();
+}
+
 /* Nobody drives the grace period (no syncer, no lazy thread): the waiter
    ends it itself once the reader it waited for has left. (It used to
    sleep out its whole bound.) */
