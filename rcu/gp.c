@@ -358,6 +358,10 @@ static uint64_t reader_backoff_ns(unsigned timeouts)
     return shift >= 3 ? READER_BACKOFF_MAX_NS : (uint64_t)READER_BACKOFF_MIN_NS << shift;
 }
 
+/* Grace periods started by gsi_gp_wait_in_reader() when a section began
+   between two: at most one per this long in the process (see there). */
+#define READER_START_GAP_NS 1000000u
+static _Atomic uint64_t reader_start_last;
 /* Sleep slice: between slices the waiter drives the grace period itself
    (gsi_gp_advance), in case nobody else does (the lazy thread busy with
    callbacks, or not running). */
@@ -392,8 +396,23 @@ bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns)
            thread paces, and on busy CPUs it ran late, so that every
            section began with none open and every refill mapped a slab,
            up to 49 of them in 5 ms (8 writers of 64 B objects on 2 CPUs,
-           pending_membound under ASan). */
-        gsi_gp_advance();
+           pending_membound under ASan). Only then: with one open, its
+           driver is busy already, and a long section would scan the
+           readers on every refill. And at most once per
+           READER_START_GAP_NS in the process, the lazy thread's own pace:
+           a large-block allocation is a refill each, and 4 writers of
+           320 KiB blocks started 33,000 grace periods a second, each with
+           a membarrier(2). Relaxed: hints (the CAS only elects a
+           starter); the start itself is ordered under gp_mutex. */
+        if (!(atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) & 1)) {
+            uint64_t now = gsi_now_ns();
+            uint64_t last = atomic_load_explicit(&reader_start_last, memory_order_relaxed);
+            if (now - last >= READER_START_GAP_NS &&
+                atomic_compare_exchange_strong_explicit(&reader_start_last, &last, now,
+                                                        memory_order_relaxed,
+                                                        memory_order_relaxed))
+                gsi_gp_advance();
+        }
         sched_yield();
         return false;
     }
@@ -405,6 +424,11 @@ bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns)
        CPU to whatever reader holds it open. Returning at once (with a
        yield), the callers allocated again right away (docs/rcu.md for the
        figures). */
+    /* Relaxed: as in the loop below. Past its end already (a section that
+       outlived the grace period it began in): nothing to wait for, and no
+       step to drive on every refill of a long section. */
+    if (atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) != snap)
+        return gsi_gp_done(cookie);
     int saved_errno = errno;
     uint64_t now = gsi_now_ns();
     if (now < wait_in_reader_backoff_until) {
