@@ -115,7 +115,7 @@ static size_t pending_bytes_locked(struct gs_cache *c, uint64_t *cookie)
             continue;
         for (unsigned k = 0; k < GS_PENDING_CHAINS; k++)
             n += GS_P_COUNT(atomic_load_explicit(&s->pending[k], memory_order_relaxed));
-        uint64_t ck = gsi_slab_pending_cookie(s, false);
+        uint64_t ck = gsi_slab_pending_cookie(s);
         if (ck > *cookie)
             *cookie = ck;
     }

@@ -647,12 +647,7 @@ static void park(struct gs_slab *s)
 static void put_exhausted(struct gs_heap *h, struct gs_slab *s)
 {
     if (gsi_slab_has_pending(s)) {
-        /* Its oldest chain: refill takes whatever chains are done. The
-           newest made the slab wait for every object deferred into it so
-           far, and a slab whose live objects other threads keep deferring
-           (a table updated at random) always had a young chain: refill
-           inside a reader found it not ready, and mapped a new slab. */
-        s->wait_cookie = gsi_slab_pending_cookie(s, true);
+        s->wait_cookie = gsi_slab_pending_cookie(s);
         s->where = GS_IN_WAITING;
         list_append(&h->waiting[s->cls], s);
         gsi_pending_kick();
@@ -746,10 +741,8 @@ bool gsi_heap_pending_worth_waiting(struct gs_heap *h, unsigned cls)
 
 /* The oldest waiting slab of the class, if its grace period is done (after
    nudging the engine: non-blocking), or after waiting for it when `wait`
-   (inside a reader: having the lazy thread drive it, and waiting at most
-   GS_READER_WAIT_NS for the end of the grace period in progress if that
-   one does not wait for the caller: a throttle even when that end does
-   not complete the slab's cookie). */
+   (inside a reader: having the lazy thread drive it, and for at most
+   GS_READER_WAIT_NS if the grace period in progress completes it). */
 static struct gs_slab *waiting_ready(struct gs_heap *h, unsigned cls, bool wait)
 {
     struct gs_slab *s = h->waiting[cls].first;
@@ -1291,7 +1284,7 @@ void gsi_heap_slab_reclaimed(struct gs_heap *h, struct gs_slab *s)
    waiting list. */
 void gsi_heap_wait_pending(struct gs_heap *h, struct gs_slab *s)
 {
-    s->wait_cookie = gsi_slab_pending_cookie(s, true); /* as in put_exhausted */
+    s->wait_cookie = gsi_slab_pending_cookie(s);
     s->where = GS_IN_WAITING;
     list_append(&h->waiting[s->cls], s);
 }

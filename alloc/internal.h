@@ -210,7 +210,7 @@ struct gs_slab {
     struct gs_slab *orphan_next, *orphan_prev; /* orphan list (orphan_lock) */
     struct gs_cache *cache;  /* owning dedicated cache, NULL for malloc */
     union {
-        uint64_t wait_cookie; /* waiting list: its oldest chain's cookie */
+        uint64_t wait_cookie; /* waiting list: cookie it waits for */
         struct {
             /* kept list: its heap's decay_pass when it was kept (heap.c,
                gsi_heap_retire_idle_kept) */
@@ -926,7 +926,7 @@ void gsi_free_rcu(void *p, const char *call);
 /* Owner: done pending chains of s onto the local list; objects moved. */
 uint32_t gsi_pending_reclaim_local(struct gs_slab *s);
 bool gsi_slab_has_pending(const struct gs_slab *s);
-uint64_t gsi_slab_pending_cookie(const struct gs_slab *s, bool oldest);
+uint64_t gsi_slab_pending_cookie(const struct gs_slab *s);
 /* Reclaims every done pending object of every slab and large block;
    returns bytes made reusable, and how many objects are still pending. */
 size_t gsi_pending_sweep(size_t *still_pending);

@@ -428,18 +428,14 @@ bool gsi_slab_has_pending(const struct gs_slab *s)
     return false;
 }
 
-/* The newest cookie among s's chains (what the whole slab waits for), or
-   with `oldest` the oldest (what some of its objects wait for); 0 if
-   nothing is pending. */
-uint64_t gsi_slab_pending_cookie(const struct gs_slab *s, bool oldest)
+/* The newest cookie among s's chains (what the whole slab waits for). */
+uint64_t gsi_slab_pending_cookie(const struct gs_slab *s)
 {
     uint64_t c = 0;
     for (unsigned k = 0; k < GS_PENDING_CHAINS; k++) {
         uint64_t w = atomic_load_explicit(&s->pending[k], memory_order_relaxed);
-        if (!GS_P_COUNT(w))
-            continue;
-        uint64_t k_cookie = chain_cookie(w);
-        if (!c || (oldest ? k_cookie < c : k_cookie > c))
+        uint64_t k_cookie = GS_P_COUNT(w) ? chain_cookie(w) : 0;
+        if (k_cookie > c)
             c = k_cookie;
     }
     return c;
@@ -502,12 +498,14 @@ void gsi_pending_large_refill(void)
     if (bytes <= (int64_t)gsi_pending_expedite_bytes())
         return;
     if (!gsi_gp_wait_or_expedite(gsi_gp_cookie())) {
-        /* Inside a reader: wait for the end of the grace period in
-           progress if it does not wait for the caller, as a slab refill
-           does (heap.c, waiting_ready). Before, nothing slowed such
-           writers when the grace periods did: 4 writers of 320 KiB blocks
-           inside sections on 2 CPUs peaked at 270 to 490 MiB pending, and
-           once at 1.6 GiB (pending_membound). Relaxed: only names it. */
+        /* Inside a reader: wait, as a slab refill does (heap.c,
+           waiting_ready), for the end of the grace period in progress if
+           it does not wait for the caller (otherwise gsi_gp_wait_in_reader
+           yields the CPU once). Before, nothing slowed such writers when
+           the grace periods did: 4 writers of 320 KiB blocks inside
+           sections on 2 CPUs peaked at 270 to 440 MiB pending, once at
+           1.6 GiB against the test's 1.25 GiB bound; with the wait, 100 to
+           210 MiB (pending_membound). Relaxed: only names it. */
         uint64_t seq = atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed);
         if (!gsi_gp_wait_in_reader((seq + 1) & ~(uint64_t)1, GS_READER_WAIT_NS))
             return;

@@ -333,35 +333,13 @@ void gsi_gp_wait_background(uint64_t cookie)
 }
 
 /* After a time-out inside a section (gsi_gp_wait_in_reader), the thread
-   does not wait for that grace period again. A section that holds a lock
-   which a reader of the grace period wants would time out on every grace
-   period too, so time-outs in a row (no wait that ended in between) stop
-   the thread waiting inside any section for a while: from the second on,
-   READER_BACKOFF_MIN_NS, doubling up to READER_BACKOFF_MAX_NS. A single
-   time-out pauses nothing: it used to pause waiting for 100 ms, and the
-   writers of pending_membound (8 on 2 CPUs, inside sections) that timed
-   out on one slow grace period then allocated unthrottled for those 100
-   ms, 13 to 22 MiB at a time under ASan (instrumented build: every run of
-   three that grew by more than 1 MiB had a time-out, the one without
-   grew by none). */
-#define READER_BACKOFF_MIN_NS 12500000u
-#define READER_BACKOFF_MAX_NS 100000000u
+   does not wait for that grace period again, nor inside any section for
+   READER_BACKOFF_NS: a section that holds a lock which a reader of the
+   grace period wants would otherwise time out on every call, and again on
+   every grace period. */
+#define READER_BACKOFF_NS 100000000u
 static __thread uint64_t wait_in_reader_gave_up __attribute__((tls_model("initial-exec")));
 static __thread uint64_t wait_in_reader_backoff_until __attribute__((tls_model("initial-exec")));
-static __thread unsigned wait_in_reader_timeouts __attribute__((tls_model("initial-exec")));
-
-static uint64_t reader_backoff_ns(unsigned timeouts)
-{
-    if (timeouts < 2)
-        return 0;
-    unsigned shift = timeouts - 2;
-    return shift >= 3 ? READER_BACKOFF_MAX_NS : (uint64_t)READER_BACKOFF_MIN_NS << shift;
-}
-
-/* Grace periods started by gsi_gp_wait_in_reader() when a section began
-   between two: at most one per this long in the process (see there). */
-#define READER_START_GAP_NS 1000000u
-static _Atomic uint64_t reader_start_last;
 /* Sleep slice: between slices the waiter drives the grace period itself
    (gsi_gp_advance), in case nobody else does (the lazy thread busy with
    callbacks, or not running). */
@@ -380,55 +358,20 @@ bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns)
     uint64_t snap = atomic_load_explicit(&gsi_rcu_self.snap, memory_order_relaxed);
     if (snap == 0 || snap == GSI_RCU_SNAP_ANON || snap == wait_in_reader_gave_up)
         return false;
-    if (!(snap & 1)) {
-        /* Every grace period from now on waits for the caller: none was
-           open when the section began. What holds the next one up may be
-           a reader preempted inside its section; with more runnable
-           threads than CPUs, the callers (threads past the pending
-           threshold, allocating inside sections) went on allocating
-           through that reader's whole time slice: 4 writers of 64 KiB
-           blocks on 2 CPUs peaked at 190 to 390 MiB pending. Giving up the
-           CPU once lets such a reader run and leave: mostly 19 to 53 MiB,
-           at the same rate (pending_membound, medium blocks; docs/rcu.md).
-           And start the next grace period now if none is open (it waits
-           for the caller, but the callers' next sections begin inside it
-           and can wait for its end): between two grace periods the lazy
-           thread paces, and on busy CPUs it ran late, so that every
-           section began with none open and every refill mapped a slab,
-           up to 49 of them in 5 ms (8 writers of 64 B objects on 2 CPUs,
-           pending_membound under ASan). Only then: with one open, its
-           driver is busy already, and a long section would scan the
-           readers on every refill. And at most once per
-           READER_START_GAP_NS in the process, the lazy thread's own pace:
-           a large-block allocation is a refill each, and 4 writers of
-           320 KiB blocks started 33,000 grace periods a second, each with
-           a membarrier(2). Relaxed: hints (the CAS only elects a
-           starter); the start itself is ordered under gp_mutex. */
-        if (!(atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) & 1)) {
-            uint64_t now = gsi_now_ns();
-            uint64_t last = atomic_load_explicit(&reader_start_last, memory_order_relaxed);
-            if (now - last >= READER_START_GAP_NS &&
-                atomic_compare_exchange_strong_explicit(&reader_start_last, &last, now,
-                                                        memory_order_relaxed,
-                                                        memory_order_relaxed))
-                gsi_gp_advance();
-        }
+    if (!(snap & 1) || cookie > snap + 1) {
+        /* The grace period this needs waits for the caller: none was open
+           when the section began, or a later one is needed. What holds the
+           open one up may be a reader preempted inside its section; with
+           more runnable threads than CPUs, the callers (threads past the
+           pending threshold, allocating inside sections) went on
+           allocating through that reader's whole time slice: 4 writers of
+           64 KiB blocks on 2 CPUs peaked at 190 to 390 MiB pending. Giving
+           up the CPU once lets such a reader run and leave: mostly 19 to
+           53 MiB, at the same rate (pending_membound, medium blocks;
+           docs/rcu.md). */
         sched_yield();
         return false;
     }
-    /* The grace period in progress does not wait for the caller. Its end
-       completes the cookie only if cookie <= snap + 1; a later cookie
-       needs a grace period that waits for the caller. The caller waits
-       for that end all the same: a throttle that costs no grace period
-       anything (the caller only sleeps while it is open), and gives the
-       CPU to whatever reader holds it open. Returning at once (with a
-       yield), the callers allocated again right away (docs/rcu.md for the
-       figures). */
-    /* Relaxed: as in the loop below. Past its end already (a section that
-       outlived the grace period it began in): nothing to wait for, and no
-       step to drive on every refill of a long section. */
-    if (atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) != snap)
-        return gsi_gp_done(cookie);
     int saved_errno = errno;
     uint64_t now = gsi_now_ns();
     if (now < wait_in_reader_backoff_until) {
@@ -440,16 +383,12 @@ bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns)
         gsi_gp_advance(); /* non-blocking; ends it if nobody else would */
         /* Relaxed: decides only whether to keep waiting; the answer comes
            from gsi_gp_done() (acquire) below. */
-        if (atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) != snap) {
-            wait_in_reader_timeouts = 0;
+        if (atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) != snap)
             break;
-        }
         now = gsi_now_ns();
         if (now >= deadline) {
             wait_in_reader_gave_up = snap;
-            if (wait_in_reader_timeouts < 8)
-                wait_in_reader_timeouts++;
-            wait_in_reader_backoff_until = now + reader_backoff_ns(wait_in_reader_timeouts);
+            wait_in_reader_backoff_until = now + READER_BACKOFF_NS;
             break;
         }
         /* gp_wait()'s protocol for sleepers on gp_events: seq_cst

@@ -69,20 +69,17 @@ void gsi_rcu_expedite(void);
    instead (false: nothing completed yet). */
 bool gsi_gp_wait_or_expedite(uint64_t cookie);
 
-/* Inside a read-side critical section: waits, at most max_ns, for the end
-   of the grace period in progress if that one does not wait for the
-   caller (it started before the caller's outermost gs_rcu_read_lock()).
-   True if the cookie is done: that end completes cookies up to its start
-   + 1; for a later cookie the wait is a throttle, and the answer false.
+/* Inside a read-side critical section: waits, at most max_ns, for the
+   grace period named by cookie, but only if the grace period in progress
+   completes it and does not wait for the caller (it started before the
+   caller's outermost gs_rcu_read_lock()). True if the cookie is done.
    Bounded, because the caller's section may hold a lock that a reader
-   this grace period waits for wants; after a time-out the thread does not
-   wait for the same grace period again, and after time-outs in a row not
-   at all for a while (12.5 ms, doubling up to 100 ms). Drives the grace
-   period itself between 1 ms sleeps. When no grace period was open as the
-   section began (every one from then waits for the caller), it yields the
-   CPU once (sched_yield), so that a reader preempted inside its section
-   can leave. Outside a section it returns gsi_gp_done(cookie) without
-   waiting. Keeps errno. */
+   this grace period waits for wants; and after a time-out the thread does
+   not wait for the same grace period again, nor at all for 100 ms. Drives
+   the grace period itself between 1 ms sleeps. When the grace period it
+   needs waits for the caller, it yields the CPU once (sched_yield), so
+   that a reader preempted inside its section can leave. Outside a section
+   it returns gsi_gp_done(cookie) without waiting. Keeps errno. */
 bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns);
 
 /* The allocator's exit destructor calls this on the exiting thread: from
