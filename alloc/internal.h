@@ -694,6 +694,15 @@ GS_INLINE struct gs_slab *gsi_slab_hint(const void *p)
     return (struct gs_slab *)s;
 }
 
+/* The segment of slab s (its metadata sits in the segment's header), and
+   in *first the slot s begins at. */
+GS_INLINE struct gs_segment *gsi_slab_segment(const struct gs_slab *s, unsigned *first)
+{
+    struct gs_segment *seg = (struct gs_segment *)((uintptr_t)s & ~GS_SEGMENT_MASK);
+    *first = (unsigned)(s - seg->slabs);
+    return seg;
+}
+
 /* The slab metadata for p, which gsi_map_kind() says is in a segment (the
    slow paths' way; the free fast path uses gsi_slab_hint). */
 GS_INLINE struct gs_slab *gsi_slab_of(const void *p)

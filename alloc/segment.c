@@ -93,14 +93,6 @@ static unsigned take_run(uint64_t *mask, unsigned *first)
     return n;
 }
 
-/* The segment of slab s, and in *first the slot s begins at. */
-static struct gs_segment *slab_segment(const struct gs_slab *s, unsigned *first)
-{
-    struct gs_segment *seg = (struct gs_segment *)((uintptr_t)s & ~GS_SEGMENT_MASK);
-    *first = (unsigned)(s - seg->slabs);
-    return seg;
-}
-
 /* First run of n set bits in avail, or -1. */
 static int find_run(uint64_t avail, unsigned n)
 {
@@ -617,7 +609,7 @@ static void note_refault_locked(struct gs_segment *seg, uint64_t mask, uint64_t 
 void gsi_slab_cleared(struct gs_slab *s)
 {
     unsigned first;
-    struct gs_segment *seg = slab_segment(s, &first);
+    struct gs_segment *seg = gsi_slab_segment(s, &first);
     uint64_t mask = run_mask(first, s->span);
     if (GS_LIKELY(!(__atomic_load_n(&seg->refault_slots, __ATOMIC_RELAXED) & mask)))
         return;
@@ -699,7 +691,7 @@ size_t gsi_segments_purge(bool force)
 static struct gs_slab *reuse_ready_locked(struct gs_slab *s)
 {
     unsigned first;
-    struct gs_segment *seg = slab_segment(s, &first);
+    struct gs_segment *seg = gsi_slab_segment(s, &first);
     uint64_t mask = run_mask(first, s->span);
     gsi_heap_list_remove(&ready[s->cls], s);
     seg->ready_slots &= ~mask;
@@ -897,7 +889,7 @@ struct gs_slab *gsi_slab_new(unsigned cls, bool populate, uint32_t affinity)
 void gsi_slab_retire(struct gs_slab *s)
 {
     unsigned first;
-    struct gs_segment *seg = slab_segment(s, &first);
+    struct gs_segment *seg = gsi_slab_segment(s, &first);
     uint64_t mask = run_mask(first, s->span);
     uint64_t now = gsi_now_ns();
     /* No thread's fast path may match it any more (its owner calls this). */

@@ -102,7 +102,8 @@ void gsi_slab_reformat(struct gs_slab *s, unsigned cls)
     GS_ASSERT(s->used == 0 && s->where == GS_IN_NONE && !s->kept_empty && !s->orphaned &&
               !s->cache && s->span == gsi_classes[cls].span && !gsi_slab_has_pending(s));
     GS_ASSERT(GS_X_COUNT(atomic_load_explicit(&s->xstate, memory_order_relaxed)) == 0);
-    struct gs_segment *seg = (struct gs_segment *)((uintptr_t)s & ~GS_SEGMENT_MASK);
+    unsigned first;
+    struct gs_segment *seg = gsi_slab_segment(s, &first);
     /* Its decommitted pages read as zero, which serves any class; they
        count as committed again (an overstatement of committed_bytes until
        the new class's free objects decay). */
@@ -119,7 +120,7 @@ void gsi_slab_reformat(struct gs_slab *s, unsigned cls)
        torn slabs in 12,000 forks, one handing out 40,960 bytes for
        malloc(49384)). */
     gsi_segments_lock();
-    slab_layout(s, (char *)seg + (size_t)(s - seg->slabs) * GS_SLOT_SIZE, cls);
+    slab_layout(s, (char *)seg + (size_t)first * GS_SLOT_SIZE, cls);
     gsi_segments_unlock();
 }
 
