@@ -733,9 +733,14 @@ static bool slab_refill(struct gs_slab *s)
    deferred object's slab (so nothing ever waited on this heap's lists)
    and left this heap's count out of the class's, and only the lazy sweep
    reclaimed: 95 MiB pending for a 256 KiB live set. */
+static size_t waiting_bytes(const struct gs_heap *h, unsigned cls)
+{
+    return h->waiting[cls].count * gsi_classes[cls].span * GS_SLOT_SIZE;
+}
+
 bool gsi_heap_pending_worth_waiting(struct gs_heap *h, unsigned cls)
 {
-    size_t bytes = h->waiting[cls].count * gsi_classes[cls].span * GS_SLOT_SIZE;
+    size_t bytes = waiting_bytes(h, cls);
     return bytes && bytes >= gsi_pending_expedite_bytes();
 }
 
@@ -757,7 +762,8 @@ static struct gs_slab *waiting_ready(struct gs_heap *h, unsigned cls, bool wait)
     if (!gsi_gp_done(s->wait_cookie)) {
         if (wait) {
             if (!gsi_gp_wait_or_expedite(s->wait_cookie))
-                gsi_gp_wait_in_reader(s->wait_cookie, GS_READER_WAIT_NS);
+                gsi_gp_wait_in_reader(s->wait_cookie, GS_READER_WAIT_NS,
+                                      waiting_bytes(h, cls) >= GS_READER_WAIT_ALWAYS_BYTES);
         } else
             gsi_gp_advance();
         if (!gsi_gp_done(s->wait_cookie))

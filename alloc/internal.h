@@ -968,6 +968,14 @@ GS_INLINE size_t gsi_pending_expedite_bytes(void)
    it, 48 to 55 MiB. Bounded, because the section may hold a lock that a
    reader of that grace period wants. */
 #define GS_READER_WAIT_NS 20000000u
+/* A heap whose waiting slabs of a class add up to this much waits so
+   even within the 100 ms back-off that follows a time-out: under load (two
+   CPU-bound processes beside eight writers inside sections on 2 CPUs) the
+   waits timed out every few 100 ms, and in the back-offs the writers mapped
+   up to 393 slabs (25 MiB) in 100 ms. A program whose section holds a lock
+   that a reader wants then pays a time-out per refill of the class, with
+   this much memory waiting on it. */
+#define GS_READER_WAIT_ALWAYS_BYTES ((size_t)1 << 20)
 /* Makes sure the engine's lazy thread sweeps pending memory later. */
 void gsi_pending_kick(void);
 extern _Atomic bool gsi_pending_unarmed;

@@ -507,7 +507,7 @@ void gsi_pending_large_refill(void)
            1.6 GiB against the test's 1.25 GiB bound; with the wait, 100 to
            210 MiB (pending_membound). Relaxed: only names it. */
         uint64_t seq = atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed);
-        if (!gsi_gp_wait_in_reader((seq + 1) & ~(uint64_t)1, GS_READER_WAIT_NS))
+        if (!gsi_gp_wait_in_reader((seq + 1) & ~(uint64_t)1, GS_READER_WAIT_NS, false))
             return;
     }
     gate = gate_enter();
@@ -581,7 +581,7 @@ bool gsi_pending_reclaim_class(unsigned cls)
         /* The end of the grace period in progress (or of the last one, if
            none is: done). Relaxed: only names it. */
         uint64_t seq = atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed);
-        bool ended = gsi_gp_wait_in_reader((seq + 1) & ~(uint64_t)1, GS_READER_WAIT_NS);
+        bool ended = gsi_gp_wait_in_reader((seq + 1) & ~(uint64_t)1, GS_READER_WAIT_NS, false);
         /* Also true once that grace period has ended, whoever's sweep
            followed it up: the caller looks at the orphan list again
            before mapping. */

@@ -59,11 +59,23 @@ struct gsi_rcu_reader {
        linked in the last would outlive the thread's TLS. Its later
        read-side sections are anonymous (below). Owner only. */
     bool exited;
+    /* A wait the thread's outermost unlock owes (gp.c, "Waits owed to the
+       unlock"): for the grace period named by owed_cookie (0: none), at
+       most owed_wait_ns, even within a back-off if owed_past_cap. Set
+       inside a registered section by an allocation that could not wait
+       there, together with the call bit, so that an inlined unlock calls
+       the library. Owner only. */
+    uint64_t owed_cookie, owed_wait_ns;
+    bool owed_past_cap;
     /* Registry links; registry lock. */
     struct gsi_rcu_reader *next, *prev;
 };
 
 extern __thread struct gsi_rcu_reader gsi_rcu_self;
+
+/* The outermost unlock of a section whose record owes a wait (r->owed_cookie
+   != 0) pays it, after leaving the section (gp.c). */
+void gsi_rcu_pay_owed_wait(struct gsi_rcu_reader *r);
 
 /* Locks nested inside the outermost one, without the call bit. */
 static inline unsigned long gsi_rcu_depth_inner(const struct gsi_rcu_reader *r)

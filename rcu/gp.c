@@ -332,11 +332,11 @@ void gsi_gp_wait_background(uint64_t cookie)
     gp_wait(cookie, 0);
 }
 
-/* After a time-out inside a section (gsi_gp_wait_in_reader), the thread
-   does not wait for that grace period again, nor inside any section for
-   READER_BACKOFF_NS: a section that holds a lock which a reader of the
-   grace period wants would otherwise time out on every call, and again on
-   every grace period. */
+/* After a time-out (gsi_gp_wait_in_reader, or a wait owed to the unlock),
+   the thread does not wait for that grace period again, nor at all for
+   READER_BACKOFF_NS, unless its caller is past its cap (past_cap): a
+   section that holds a lock which a reader of the grace period wants would
+   otherwise time out on every call, and again on every grace period. */
 #define READER_BACKOFF_NS 100000000u
 static __thread uint64_t wait_in_reader_gave_up __attribute__((tls_model("initial-exec")));
 static __thread uint64_t wait_in_reader_backoff_until __attribute__((tls_model("initial-exec")));
@@ -345,7 +345,90 @@ static __thread uint64_t wait_in_reader_backoff_until __attribute__((tls_model("
    callbacks, or not running). */
 #define READER_SLICE_NS 1000000u
 
-bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns)
+/* Sleeps a slice at a time until the sequence is no longer `seq` (true)
+   or the deadline passes (false), driving the grace period between
+   slices. The callers' answer comes from gsi_gp_done() (acquire). */
+static bool sleep_while_seq(uint64_t seq, uint64_t deadline)
+{
+    for (;;) {
+        gsi_gp_advance(); /* non-blocking; ends it if nobody else would */
+        /* Relaxed: decides only whether to keep waiting. */
+        if (atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) != seq)
+            return true;
+        uint64_t now = gsi_now_ns();
+        if (now >= deadline)
+            return false;
+        /* gp_wait()'s protocol for sleepers on gp_events: seq_cst
+           increment of the count and load of gp_events, against
+           gp_event()'s seq_cst bump and load of the count
+           (store-buffering): either the end's bump is seen, and the futex
+           returns at once, or the end sees this sleeper and wakes it. */
+        atomic_fetch_add_explicit(&gp_event_waiters, 1, memory_order_seq_cst);
+        uint32_t ev = atomic_load_explicit(&gp_events, memory_order_seq_cst);
+        if (atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) == seq) {
+            uint64_t left = deadline - now < READER_SLICE_NS ? deadline - now : READER_SLICE_NS;
+            struct timespec t = {0, (long)left};
+            gsi_futex_wait(&gp_events, ev, &t);
+        }
+        atomic_fetch_sub_explicit(&gp_event_waiters, 1, memory_order_relaxed);
+    }
+}
+
+static uint64_t deadline_after(uint64_t now, uint64_t max_ns)
+{
+    return max_ns > UINT64_MAX - now ? UINT64_MAX : now + max_ns;
+}
+
+/* Waits owed to the unlock. When the grace period an allocation inside a
+   section needs waits for that section, the allocation cannot wait for it
+   and maps new memory instead; with more runnable threads than CPUs, the
+   threads that allocate and defer inside short sections did so in bursts
+   (92 new slabs in 100 ms among eight writers on 2 CPUs, and 28 MiB of
+   peak RSS in the second half of one run of
+   pending_membound/writers_inside_read_sections). So the allocation
+   leaves the wait to the outermost unlock, which pays it after leaving
+   the section: a writer maps at most one slab per grace period it cannot
+   wait for inside. The wait is bounded and backs off after a time-out as
+   the in-section one does: the caller may hold, outside its section, a
+   lock that a reader of the grace period wants. Owner-only fields, no
+   ordering. */
+static void owe_wait(uint64_t cookie, uint64_t max_ns, bool past_cap)
+{
+    struct gsi_rcu_reader *r = &gsi_rcu_self;
+    if (!r->registered)
+        return;
+    if (cookie > r->owed_cookie)
+        r->owed_cookie = cookie;
+    if (max_ns > r->owed_wait_ns)
+        r->owed_wait_ns = max_ns;
+    r->owed_past_cap |= past_cap;
+    gsi_rcu_reader_set_call(r, true); /* the inlined unlock calls the library */
+}
+
+void gsi_rcu_pay_owed_wait(struct gsi_rcu_reader *r)
+{
+    uint64_t cookie = r->owed_cookie, max_ns = r->owed_wait_ns;
+    bool past_cap = r->owed_past_cap;
+    r->owed_cookie = r->owed_wait_ns = 0;
+    r->owed_past_cap = false;
+    gsi_rcu_reader_set_call(r, !r->registered || gsi_rcu_fences);
+    if (gsi_gp_done(cookie))
+        return;
+    int saved_errno = errno;
+    uint64_t now = gsi_now_ns();
+    if (past_cap || now >= wait_in_reader_backoff_until) {
+        uint64_t deadline = deadline_after(now, max_ns);
+        while (!gsi_gp_done(cookie))
+            if (!sleep_while_seq(atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed),
+                                 deadline)) {
+                wait_in_reader_backoff_until = gsi_now_ns() + READER_BACKOFF_NS;
+                break;
+            }
+    }
+    errno = saved_errno;
+}
+
+bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns, bool past_cap)
 {
     if (gsi_gp_done(cookie))
         return true;
@@ -356,54 +439,32 @@ bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns)
        makes every grace period wait. Only that grace period's end can
        complete cookies up to snap + 1; every later one waits for us. */
     uint64_t snap = atomic_load_explicit(&gsi_rcu_self.snap, memory_order_relaxed);
-    if (snap == 0 || snap == GSI_RCU_SNAP_ANON || snap == wait_in_reader_gave_up)
+    if (snap == 0 || snap == GSI_RCU_SNAP_ANON || (snap == wait_in_reader_gave_up && !past_cap))
         return false;
     if (!(snap & 1) || cookie > snap + 1) {
         /* The grace period this needs waits for the caller: none was open
-           when the section began, or a later one is needed. What holds the
-           open one up may be a reader preempted inside its section; with
-           more runnable threads than CPUs, the callers (threads past the
-           pending threshold, allocating inside sections) went on
-           allocating through that reader's whole time slice: 4 writers of
-           64 KiB blocks on 2 CPUs peaked at 190 to 390 MiB pending. Giving
-           up the CPU once lets such a reader run and leave: mostly 19 to
-           53 MiB, at the same rate (pending_membound, medium blocks;
-           docs/rcu.md). */
+           when the section began, or a later one is needed. The unlock
+           will wait for it (above). What holds the open one up may be a
+           reader preempted inside its section; with more runnable threads
+           than CPUs, the callers (threads past the pending threshold,
+           allocating inside sections) went on allocating through that
+           reader's whole time slice: 4 writers of 64 KiB blocks on 2 CPUs
+           peaked at 190 to 390 MiB pending. Giving up the CPU once lets
+           such a reader run and leave: mostly 19 to 53 MiB, at the same
+           rate (pending_membound, medium blocks; docs/rcu.md). */
+        owe_wait(cookie, max_ns, past_cap);
         sched_yield();
         return false;
     }
     int saved_errno = errno;
     uint64_t now = gsi_now_ns();
-    if (now < wait_in_reader_backoff_until) {
+    if (now < wait_in_reader_backoff_until && !past_cap) {
         errno = saved_errno;
         return false;
     }
-    uint64_t deadline = max_ns > UINT64_MAX - now ? UINT64_MAX : now + max_ns;
-    for (;;) {
-        gsi_gp_advance(); /* non-blocking; ends it if nobody else would */
-        /* Relaxed: decides only whether to keep waiting; the answer comes
-           from gsi_gp_done() (acquire) below. */
-        if (atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) != snap)
-            break;
-        now = gsi_now_ns();
-        if (now >= deadline) {
-            wait_in_reader_gave_up = snap;
-            wait_in_reader_backoff_until = now + READER_BACKOFF_NS;
-            break;
-        }
-        /* gp_wait()'s protocol for sleepers on gp_events: seq_cst
-           increment of the count and load of gp_events, against
-           gp_event()'s seq_cst bump and load of the count
-           (store-buffering): either the end's bump is seen, and the futex
-           returns at once, or the end sees this sleeper and wakes it. */
-        atomic_fetch_add_explicit(&gp_event_waiters, 1, memory_order_seq_cst);
-        uint32_t ev = atomic_load_explicit(&gp_events, memory_order_seq_cst);
-        if (atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed) == snap) {
-            uint64_t left = deadline - now < READER_SLICE_NS ? deadline - now : READER_SLICE_NS;
-            struct timespec t = {0, (long)left};
-            gsi_futex_wait(&gp_events, ev, &t);
-        }
-        atomic_fetch_sub_explicit(&gp_event_waiters, 1, memory_order_relaxed);
+    if (!sleep_while_seq(snap, deadline_after(now, max_ns))) {
+        wait_in_reader_gave_up = snap;
+        wait_in_reader_backoff_until = gsi_now_ns() + READER_BACKOFF_NS;
     }
     errno = saved_errno;
     return gsi_gp_done(cookie);

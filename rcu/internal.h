@@ -75,12 +75,16 @@ bool gsi_gp_wait_or_expedite(uint64_t cookie);
    caller's outermost gs_rcu_read_lock()). True if the cookie is done.
    Bounded, because the caller's section may hold a lock that a reader
    this grace period waits for wants; and after a time-out the thread does
-   not wait for the same grace period again, nor at all for 100 ms. Drives
-   the grace period itself between 1 ms sleeps. When the grace period it
-   needs waits for the caller, it yields the CPU once (sched_yield), so
-   that a reader preempted inside its section can leave. Outside a section
-   it returns gsi_gp_done(cookie) without waiting. Keeps errno. */
-bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns);
+   not wait for the same grace period again, nor at all for 100 ms, unless
+   past_cap (the caller holds so much memory for grace periods that it
+   must wait whatever it costs). Drives the grace period itself between
+   1 ms sleeps. When the grace period it needs waits for the caller, the
+   caller's outermost unlock will wait for it instead (bounded the same
+   way; a registered section only), and it yields the CPU once
+   (sched_yield), so that a reader preempted inside its section can leave.
+   Outside a section it returns gsi_gp_done(cookie) without waiting. Keeps
+   errno. */
+bool gsi_gp_wait_in_reader(uint64_t cookie, uint64_t max_ns, bool past_cap);
 
 /* The allocator's exit destructor calls this on the exiting thread: from
    then on the thread never links its reader record (its read-side sections

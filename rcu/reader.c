@@ -153,6 +153,10 @@ GS_EXPORT void gs_rcu_read_unlock(void)
         uint32_t waiting = atomic_load_explicit(&gsi_gp_waiting, memory_order_relaxed);
         if (GS_UNLIKELY(gsi_rcu_unlock_wakes(snap, waiting)))
             gsi_rcu_wake_gp_slow();
+        /* Outside the section now: a wait that could not happen inside
+           it (the grace period needed waited for this section). */
+        if (GS_UNLIKELY(r->owed_cookie != 0))
+            gsi_rcu_pay_owed_wait(r);
         return;
     }
     gsi_fatal_msg("gs_rcu_read_unlock",

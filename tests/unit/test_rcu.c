@@ -239,7 +239,7 @@ Test(rcu, wait_in_reader_waits_for_the_grace_period_it_does_not_hold, .timeout =
     pthread_t rel;
     cr_assert_eq(pthread_create(&rel, NULL, release_later, &old), 0);
     errno = 1234;
-    cr_assert(gsi_gp_wait_in_reader(start + 1, HOUR_NS),
+    cr_assert(gsi_gp_wait_in_reader(start + 1, HOUR_NS, false),
               "the grace period in progress did not end although only `old` held it");
     cr_assert_eq(errno, 1234, "errno changed");
     cr_assert(gsi_gp_done(start + 1));
@@ -248,7 +248,7 @@ Test(rcu, wait_in_reader_waits_for_the_grace_period_it_does_not_hold, .timeout =
     cr_assert(atomic_load(&old.release), "the grace period ended before `old` was let go");
     cr_assert(gsi_rcu_in_reader());
     /* Every later grace period waits for this section: refused at once. */
-    cr_assert_not(gsi_gp_wait_in_reader(gsi_gp_cookie(), HOUR_NS));
+    cr_assert_not(gsi_gp_wait_in_reader(gsi_gp_cookie(), HOUR_NS, false));
     gs_rcu_read_unlock();
     pthread_join(rel, NULL);
     pthread_join(s.t, NULL);
@@ -259,13 +259,13 @@ Test(rcu, wait_in_reader_never_waits_for_a_grace_period_it_holds, .timeout = 60)
 {
     gs_rcu_register_thread();
     /* Outside a section: only the answer, no wait. */
-    cr_assert_not(gsi_gp_wait_in_reader(gsi_gp_cookie(), HOUR_NS));
+    cr_assert_not(gsi_gp_wait_in_reader(gsi_gp_cookie(), HOUR_NS, false));
     gs_rcu_read_lock(); /* before the start: the grace period waits for us */
     struct gst_syncer s;
     uint64_t started = gsi_gp_started();
     cr_assert(gst_syncer_start(&s));
     uint64_t start = open_grace_period(started);
-    cr_assert_not(gsi_gp_wait_in_reader(start + 1, HOUR_NS),
+    cr_assert_not(gsi_gp_wait_in_reader(start + 1, HOUR_NS, false),
                   "waited for a grace period that waits for the caller");
     cr_assert_not(atomic_load(&s.done));
     gs_rcu_read_unlock();
@@ -280,13 +280,13 @@ Test(rcu, wait_in_reader_is_bounded_and_gives_up_once, .timeout = 60)
     uint64_t start = enter_after_start(&old, &s);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    cr_assert_not(gsi_gp_wait_in_reader(start + 1, 200000000u),
+    cr_assert_not(gsi_gp_wait_in_reader(start + 1, 200000000u, false),
                   "the grace period ended with `old` still inside");
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     cr_assert_geq(waited, 0.2, "gave up after %.3f s of a 0.2 s bound", waited);
     /* The same grace period again: given up already. */
-    cr_assert_not(gsi_gp_wait_in_reader(start + 1, HOUR_NS));
+    cr_assert_not(gsi_gp_wait_in_reader(start + 1, HOUR_NS, false));
     gs_rcu_read_unlock();
     holder_stop(&old);
     pthread_join(s.t, NULL);
@@ -309,10 +309,83 @@ Test(rcu, wait_in_reader_drives_the_grace_period_itself, .timeout = 60)
     gs_rcu_read_lock();
     pthread_t rel;
     cr_assert_eq(pthread_create(&rel, NULL, release_later, &old), 0);
-    cr_assert(gsi_gp_wait_in_reader(start + 1, HOUR_NS), "the grace period did not end");
+    cr_assert(gsi_gp_wait_in_reader(start + 1, HOUR_NS, false), "the grace period did not end");
     cr_assert(gsi_gp_done(c));
     gs_rcu_read_unlock();
     pthread_join(rel, NULL);
+    gs_rcu_unregister_thread();
+}
+
+/* A wait the grace period needs the caller for is left to the caller's
+   outermost unlock, which makes it after leaving the section (nobody else
+   drives grace periods here). In the inline build the unlocks are the
+   inlined ones: the call bit must send the outermost one to the library. */
+Test(rcu, wait_in_reader_leaves_a_wait_it_cannot_make_to_the_unlock, .timeout = 60)
+{
+    gs_rcu_register_thread();
+    gs_rcu_read_lock();
+    gs_rcu_read_lock();
+    uint64_t c = gsi_gp_cookie(); /* its grace period waits for this section */
+    cr_assert_not(gsi_gp_wait_in_reader(c, HOUR_NS, false));
+    /* The inner unlock must not wait: it would wait for itself (the test
+       then times out). */
+    gs_rcu_read_unlock();
+    cr_assert(gsi_rcu_in_reader());
+    cr_assert_not(gsi_gp_done(c));
+    errno = 4321;
+    gs_rcu_read_unlock();
+    cr_assert(gsi_gp_done(c), "the outermost unlock did not wait for the grace period");
+    cr_assert_eq(errno, 4321, "errno changed");
+    /* Paid once: the next section's unlock owes nothing, and the read side
+       is back on its fast path (both builds: nothing to check but that it
+       still works). */
+    uint64_t seq = atomic_load(&gsi_gp_seq);
+    gs_rcu_read_lock();
+    gs_rcu_read_unlock();
+    cr_assert_eq(atomic_load(&gsi_gp_seq), seq, "an unlock that owed nothing drove a grace period");
+    gs_rcu_unregister_thread();
+}
+
+/* After a time-out the thread waits for nothing for 100 ms, inside a
+   section or at its unlock, unless its caller is past its cap. */
+Test(rcu, waits_past_the_cap_ignore_the_back_off, .timeout = 60)
+{
+    struct holder old;
+    struct gst_syncer s;
+    uint64_t start = enter_after_start(&old, &s);
+    cr_assert_not(gsi_gp_wait_in_reader(start + 1, 20000000u, false),
+                  "the grace period ended with `old` still inside");
+    /* Within the back-off: refused at once, in the section... */
+    cr_assert_not(gsi_gp_wait_in_reader(start + 1, HOUR_NS, false));
+    /* ...and at the unlock (the grace period after the open one waits for
+       this section). */
+    uint64_t c = gsi_gp_cookie();
+    cr_assert_not(gsi_gp_wait_in_reader(c, HOUR_NS, false));
+    holder_stop(&old);
+    pthread_join(s.t, NULL); /* the open grace period ended; nobody drives now */
+    gs_rcu_read_unlock();
+    cr_assert_not(gsi_gp_done(c), "the unlock waited within the back-off");
+    /* Past the cap, the unlock waits all the same. */
+    gs_rcu_read_lock();
+    uint64_t c2 = gsi_gp_cookie();
+    cr_assert_not(gsi_gp_wait_in_reader(c2, HOUR_NS, true));
+    gs_rcu_read_unlock();
+    cr_assert(gsi_gp_done(c2), "the unlock past the cap did not wait");
+    /* And so does a wait inside a section. */
+    holder_start(&old);
+    uint64_t started = gsi_gp_started();
+    cr_assert(gst_syncer_start(&s));
+    start = open_grace_period(started);
+    gs_rcu_read_lock();
+    cr_assert_not(gsi_gp_wait_in_reader(start + 1, 20000000u, false));
+    pthread_t rel;
+    cr_assert_eq(pthread_create(&rel, NULL, release_later, &old), 0);
+    cr_assert(gsi_gp_wait_in_reader(start + 1, HOUR_NS, true),
+              "the wait past the cap gave up within the back-off");
+    cr_assert(atomic_load(&old.release));
+    gs_rcu_read_unlock();
+    pthread_join(rel, NULL);
+    pthread_join(s.t, NULL);
     gs_rcu_unregister_thread();
 }
 
