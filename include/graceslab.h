@@ -122,7 +122,12 @@ void  gs_cache_destroy(struct gs_cache *c);
    lock, also in a signal handler at any point of the thread it interrupts.
    No system call once the thread is registered (its first lock registers
    it; while that cannot be done at once, sections are counted globally,
-   with a few system calls each; docs/rcu.md). */
+   with a few system calls each; docs/rcu.md). One exception: when an
+   allocation inside an outermost section, past graceslab's bound on
+   memory pending grace periods, could not wait there for the grace period
+   it needed (that one waits for the section), the section's unlock makes
+   that wait after leaving it, for at most 20 ms (docs/rcu.md, "Waits owed
+   to the unlock"). */
 void gs_rcu_read_lock(void);
 /* Aborts on an unlock without a matching lock. */
 void gs_rcu_read_unlock(void);
@@ -240,7 +245,8 @@ struct gsi_rcu_reader_view {
                                     entry (never 0) */
     unsigned long nested;        /* locks inside the outermost one, plus
                                     GSI_RCU_NESTED_CALL when the outermost
-                                    lock and unlock must call the library */
+                                    lock and unlock must call the library,
+                                    or the unlock must (a wait owed) */
 };
 /* The top bit of `nested`: the thread is not registered, or the read side
    needs fences, or the section is an anonymous one (rcu/reader.c). Locks
@@ -304,7 +310,7 @@ static inline void gsi_rcu_read_unlock_inline(void)
         if (nested != GSI_RCU_NESTED_CALL)
             r->nested = nested - 1; /* inner unlock (either mode) */
         else
-            gs_rcu_read_unlock(); /* fence mode, or an anonymous section */
+            gs_rcu_read_unlock(); /* fence mode, an anonymous section, or a wait owed */
         return;
     }
     uint64_t snap = __atomic_load_n(&r->snap, __ATOMIC_RELAXED);

@@ -47,7 +47,9 @@ struct gsi_rcu_reader {
        tests. The bit changes when the record is linked or unlinked, around
        an anonymous section and in a fork child (gsi_rcu_reader_set_call).
        Owner only (and the fork child / exit destructor, which run on the
-       owner thread). The fields up to here are laid out as struct
+       owner thread). It is also set inside a section for the outermost
+       unlock to pay a wait the section owes (owed_cookie, below). The
+       fields up to here are laid out as struct
        gsi_rcu_reader_view (graceslab.h; checked in thread.c). */
     unsigned long nested;
     /* Linked into the registry? Owner writes it with the registry lock
@@ -62,9 +64,11 @@ struct gsi_rcu_reader {
     /* A wait the thread's outermost unlock owes (gp.c, "Waits owed to the
        unlock"): for the grace period named by owed_cookie (0: none), at
        most owed_wait_ns, even within a back-off if owed_past_cap. Set
-       inside a registered section by an allocation that could not wait
-       there, together with the call bit, so that an inlined unlock calls
-       the library. Owner only. */
+       inside a registered section, not nested, by an allocation that
+       could not wait there, together with the call bit, so that an
+       inlined unlock calls the library. Owner only (a signal handler's
+       section is nested in the one it interrupts, or ends before the
+       interrupted code goes on: it sets none, or pays its own). */
     uint64_t owed_cookie, owed_wait_ns;
     bool owed_past_cap;
     /* Registry links; registry lock. */
@@ -73,9 +77,16 @@ struct gsi_rcu_reader {
 
 extern __thread struct gsi_rcu_reader gsi_rcu_self;
 
-/* The outermost unlock of a section whose record owes a wait (r->owed_cookie
-   != 0) pays it, after leaving the section (gp.c). */
-void gsi_rcu_pay_owed_wait(struct gsi_rcu_reader *r);
+/* A wait the outermost unlock owes (gp.c, "Waits owed to the unlock"):
+   taken from the record (which it clears, restoring the call bit) while
+   the section is still open, so that a signal handler's section that
+   begins once it has ended finds nothing to pay; made after it ended. */
+struct gsi_rcu_owed_wait {
+    uint64_t cookie, max_ns;
+    bool past_cap;
+};
+void gsi_rcu_take_owed_wait(struct gsi_rcu_reader *r, struct gsi_rcu_owed_wait *w);
+void gsi_rcu_pay_owed_wait(const struct gsi_rcu_owed_wait *w);
 
 /* Locks nested inside the outermost one, without the call bit. */
 static inline unsigned long gsi_rcu_depth_inner(const struct gsi_rcu_reader *r)

@@ -391,11 +391,14 @@ static uint64_t deadline_after(uint64_t now, uint64_t max_ns)
    wait for inside. The wait is bounded and backs off after a time-out as
    the in-section one does: the caller may hold, outside its section, a
    lock that a reader of the grace period wants. Owner-only fields, no
-   ordering. */
+   ordering; only in an outermost section, because the inlined nested
+   lock and unlock (graceslab.h) rewrite `nested` with a plain load and
+   store, and a signal handler's section, which is nested in the one it
+   interrupts, would set the call bit in between and have it lost. */
 static void owe_wait(uint64_t cookie, uint64_t max_ns, bool past_cap)
 {
     struct gsi_rcu_reader *r = &gsi_rcu_self;
-    if (!r->registered)
+    if (!r->registered || gsi_rcu_depth_inner(r) != 0)
         return;
     if (cookie > r->owed_cookie)
         r->owed_cookie = cookie;
@@ -405,19 +408,27 @@ static void owe_wait(uint64_t cookie, uint64_t max_ns, bool past_cap)
     gsi_rcu_reader_set_call(r, true); /* the inlined unlock calls the library */
 }
 
-void gsi_rcu_pay_owed_wait(struct gsi_rcu_reader *r)
+/* Outermost unlock, still inside: at depth 0, so setting `nested` races
+   with no inlined read-modify-write of it. */
+void gsi_rcu_take_owed_wait(struct gsi_rcu_reader *r, struct gsi_rcu_owed_wait *w)
 {
-    uint64_t cookie = r->owed_cookie, max_ns = r->owed_wait_ns;
-    bool past_cap = r->owed_past_cap;
+    w->cookie = r->owed_cookie;
+    w->max_ns = r->owed_wait_ns;
+    w->past_cap = r->owed_past_cap;
     r->owed_cookie = r->owed_wait_ns = 0;
     r->owed_past_cap = false;
     gsi_rcu_reader_set_call(r, !r->registered || gsi_rcu_fences);
+}
+
+void gsi_rcu_pay_owed_wait(const struct gsi_rcu_owed_wait *w)
+{
+    uint64_t cookie = w->cookie;
     if (gsi_gp_done(cookie))
         return;
     int saved_errno = errno;
     uint64_t now = gsi_now_ns();
-    if (past_cap || now >= wait_in_reader_backoff_until) {
-        uint64_t deadline = deadline_after(now, max_ns);
+    if (w->past_cap || now >= wait_in_reader_backoff_until) {
+        uint64_t deadline = deadline_after(now, w->max_ns);
         while (!gsi_gp_done(cookie))
             if (!sleep_while_seq(atomic_load_explicit(&gsi_gp_seq, memory_order_relaxed),
                                  deadline)) {

@@ -11,7 +11,9 @@
  * lock is a TLS load, three predictable branches (inside, registered,
  * mode), one load of the sequence (through the GOT: engine.h) and one
  * store; the outermost unlock one load of `nested` and of the snapshot,
- * one store, one load of gsi_gp_waiting and four branches. In membarrier
+ * one store, one load of gsi_gp_waiting and four branches (and one load
+ * and branch for a wait owed to it, gp.c, made after the section ended:
+ * only after an allocation inside it could not wait). In membarrier
  * mode neither issues a fence; in fence mode each issues one. Nested calls
  * only count. graceslab.h has the same steps inline
  * (GRACESLAB_RCU_INLINE), with the mode and the registration folded into
@@ -29,7 +31,11 @@
  * grace-period scan, a fork or its own registration) and the thread is not
  * exiting; otherwise the section is anonymous: counted in
  * gsi_rcu_anon_readers, for which every grace period waits (engine.h).
- * So a handler never waits for a lock.
+ * So a handler never waits for a lock. A wait owed to the unlock is set
+ * only in an outermost section and taken from the record before the
+ * section ends: a handler's section, nested in the one it interrupts or
+ * begun outside any, neither finds nor leaves one (its own outermost
+ * section that allocates may owe and pay its own).
  */
 #include "rcu/engine.h"
 #include "rcu/internal.h"
@@ -130,6 +136,9 @@ GS_EXPORT void gs_rcu_read_unlock(void)
         return;
     }
     if (GS_LIKELY(snap != 0)) {
+        struct gsi_rcu_owed_wait owed = {0, 0, false};
+        if (GS_UNLIKELY(r->owed_cookie != 0))
+            gsi_rcu_take_owed_wait(r, &owed);
         /* Release: the critical section's accesses happen before any
            driver load (acquire, gp_readers_blocking_locked()) that sees
            the record quiescent; pairs with that acquire. */
@@ -155,8 +164,8 @@ GS_EXPORT void gs_rcu_read_unlock(void)
             gsi_rcu_wake_gp_slow();
         /* Outside the section now: a wait that could not happen inside
            it (the grace period needed waited for this section). */
-        if (GS_UNLIKELY(r->owed_cookie != 0))
-            gsi_rcu_pay_owed_wait(r);
+        if (GS_UNLIKELY(owed.cookie != 0))
+            gsi_rcu_pay_owed_wait(&owed);
         return;
     }
     gsi_fatal_msg("gs_rcu_read_unlock",
