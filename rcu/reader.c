@@ -122,6 +122,45 @@ GS_EXPORT void gs_rcu_read_lock(void)
         atomic_signal_fence(memory_order_seq_cst);
 }
 
+/* Ends the outermost section of a linked record that entered at `snap`. */
+static inline void end_section(struct gsi_rcu_reader *r, uint64_t snap)
+{
+    /* Release: the critical section's accesses happen before any driver
+       load (acquire, gp_readers_blocking_locked()) that sees the record
+       quiescent; pairs with that acquire. */
+    atomic_store_explicit(&r->snap, 0, memory_order_release);
+    /* Orders the store above before the load of gsi_gp_waiting below
+       (store-buffering against the driver, which stores its mark in
+       gsi_gp_waiting and then issues its writer barrier before
+       rescanning): either the driver's rescan sees us quiescent or we see
+       it waiting and wake it. Fence mode: pairs with the seq_cst fence of
+       gsi_gp_writer_barrier(); membarrier mode: compiler barrier promoted
+       by its membarrier(2). */
+    if (gsi_rcu_fences)
+        atomic_thread_fence(memory_order_seq_cst);
+    else
+        atomic_signal_fence(memory_order_seq_cst);
+    /* Relaxed: only decides whether to wake; the fence above orders it.
+       Either this load sees the driver's mark, or the driver's rescan
+       (after its store of the mark and its barrier) sees the snapshot
+       cleared; a section that began after the grace period started is not
+       waited for, so its unlock need not wake. */
+    uint32_t waiting = atomic_load_explicit(&gsi_gp_waiting, memory_order_relaxed);
+    if (GS_UNLIKELY(gsi_rcu_unlock_wakes(snap, waiting)))
+        gsi_rcu_wake_gp_slow();
+}
+
+/* The outermost unlock of a section that owes a wait (gp.c): taken while
+   the section is open, made once it has ended. Out of line, so that the
+   unlock's fast path pays one load and branch for it. */
+static GS_NOINLINE void unlock_owing(struct gsi_rcu_reader *r, uint64_t snap)
+{
+    struct gsi_rcu_owed_wait owed;
+    gsi_rcu_take_owed_wait(r, &owed);
+    end_section(r, snap);
+    gsi_rcu_pay_owed_wait(&owed);
+}
+
 GS_EXPORT void gs_rcu_read_unlock(void)
 {
     struct gsi_rcu_reader *r = &gsi_rcu_self;
@@ -136,36 +175,10 @@ GS_EXPORT void gs_rcu_read_unlock(void)
         return;
     }
     if (GS_LIKELY(snap != 0)) {
-        struct gsi_rcu_owed_wait owed = {0, 0, false};
         if (GS_UNLIKELY(r->owed_cookie != 0))
-            gsi_rcu_take_owed_wait(r, &owed);
-        /* Release: the critical section's accesses happen before any
-           driver load (acquire, gp_readers_blocking_locked()) that sees
-           the record quiescent; pairs with that acquire. */
-        atomic_store_explicit(&r->snap, 0, memory_order_release);
-        /* Orders the store above before the load of gsi_gp_waiting below
-           (store-buffering against the driver, which stores
-           its mark in gsi_gp_waiting and then issues its writer barrier before
-           rescanning): either the driver's rescan sees us quiescent or we
-           see it waiting and wake it. Fence mode: pairs with the seq_cst
-           fence of gsi_gp_writer_barrier(); membarrier mode: compiler
-           barrier promoted by its membarrier(2). */
-        if (gsi_rcu_fences)
-            atomic_thread_fence(memory_order_seq_cst);
+            unlock_owing(r, snap);
         else
-            atomic_signal_fence(memory_order_seq_cst);
-        /* Relaxed: only decides whether to wake; the fence above orders
-           it. Either this load sees the driver's mark, or the driver's
-           rescan (after its store of the mark and its barrier) sees the
-           snapshot cleared; a section that began after the grace period
-           started is not waited for, so its unlock need not wake. */
-        uint32_t waiting = atomic_load_explicit(&gsi_gp_waiting, memory_order_relaxed);
-        if (GS_UNLIKELY(gsi_rcu_unlock_wakes(snap, waiting)))
-            gsi_rcu_wake_gp_slow();
-        /* Outside the section now: a wait that could not happen inside
-           it (the grace period needed waited for this section). */
-        if (GS_UNLIKELY(owed.cookie != 0))
-            gsi_rcu_pay_owed_wait(&owed);
+            end_section(r, snap);
         return;
     }
     gsi_fatal_msg("gs_rcu_read_unlock",
