@@ -635,6 +635,39 @@ Test(in_reader, large_allocation_waits_out_the_grace_period_in_progress, .timeou
     gs_rcu_unregister_thread();
 }
 
+/* With no grace period open when the section began, every later one waits
+   for the section: the large allocation past the bound cannot wait inside
+   it and leaves the wait to the unlock (docs/rcu.md, "Waits owed to the
+   unlock"), which returns once a grace period has ended. It used to return
+   at once, and the writers of 320 KiB blocks inside sections peaked at 100
+   to 210 MiB pending (3 MiB since). */
+Test(in_reader, large_allocation_with_no_grace_period_open_waits_at_the_unlock, .timeout = 60)
+{
+    gs_rcu_register_thread();
+    gs_reclaim(SIZE_MAX);
+    void *b[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_not_null(b[i] = gs_malloc(400 << 10));
+    struct gs_stats st;
+    gs_stats_get(&st);
+    cr_assert_eq(st.gp_started, st.gp_completed, "a grace period is open");
+    gs_rcu_read_lock();
+    for (int i = 0; i < 2; i++)
+        gs_free_rcu(b[i]);
+    void *x = gs_malloc(300 << 10);
+    cr_assert_not_null(x);
+    /* No grace period can end while this section is open: every one that
+       could has to wait for it. */
+    gs_stats_get(&st);
+    unsigned long completed = st.gp_completed;
+    gs_rcu_read_unlock();
+    gs_stats_get(&st);
+    cr_assert_gt(st.gp_completed, completed,
+                 "the unlock returned before the grace period the allocation needed");
+    gs_free(x);
+    gs_rcu_unregister_thread();
+}
+
 /* More slabs with objects pending under this reader than one sweep batch
    (1024) settles: gs_reclaim inside the section returns (it used to start
    its walk over forever), and after the section reclaims all of them. */
