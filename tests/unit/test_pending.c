@@ -594,13 +594,20 @@ static void *release_large_old(void *arg)
     return NULL;
 }
 
-Test(in_reader, large_allocation_waits_out_the_grace_period_in_progress, .timeout = 60)
+/* A registered thread with nothing pending, and two large blocks to defer
+   (800 KiB: past the expedite bound). */
+static void two_large_blocks(void *b[2])
 {
     gs_rcu_register_thread();
     gs_reclaim(SIZE_MAX);
-    void *b[2];
     for (int i = 0; i < 2; i++)
         cr_assert_not_null(b[i] = gs_malloc(400 << 10));
+}
+
+Test(in_reader, large_allocation_waits_out_the_grace_period_in_progress, .timeout = 60)
+{
+    void *b[2];
+    two_large_blocks(b);
     cr_assert(gst_reader_hold(&large_old));
     for (int i = 0; i < 2; i++)
         gs_free_rcu(b[i]);
@@ -643,11 +650,8 @@ Test(in_reader, large_allocation_waits_out_the_grace_period_in_progress, .timeou
    to 210 MiB pending (3 MiB since). */
 Test(in_reader, large_allocation_with_no_grace_period_open_waits_at_the_unlock, .timeout = 60)
 {
-    gs_rcu_register_thread();
-    gs_reclaim(SIZE_MAX);
     void *b[2];
-    for (int i = 0; i < 2; i++)
-        cr_assert_not_null(b[i] = gs_malloc(400 << 10));
+    two_large_blocks(b);
     struct gs_stats st;
     gs_stats_get(&st);
     cr_assert_eq(st.gp_started, st.gp_completed, "a grace period is open");
