@@ -249,8 +249,9 @@ struct gsi_rcu_reader_view {
                                     or the unlock must (a wait owed) */
 };
 /* The top bit of `nested`: the thread is not registered, or the read side
-   needs fences, or the section is an anonymous one (rcu/reader.c). Locks
-   never nest 2^63 deep, so the count below it never reaches it. */
+   needs fences, or the section is an anonymous one (rcu/reader.c), or it
+   owes its unlock a wait (rcu/gp.c). Locks never nest 2^63 deep, so the
+   count below it never reaches it. */
 #define GSI_RCU_NESTED_CALL (~0UL ^ (~0UL >> 1))
 /* The grace-period state the read side reads: the library's own (it reads
    it through its GOT, so that an executable's copy relocation of it is the

@@ -80,7 +80,7 @@ bool gsi_gp_wait_or_expedite(uint64_t cookie);
    must wait whatever it costs). Drives the grace period itself between
    1 ms sleeps. When the grace period it needs waits for the caller, the
    caller's outermost unlock will wait for it instead (bounded the same
-   way; a registered section only), and it yields the CPU once
+   way; an outermost registered section only), and it yields the CPU once
    (sched_yield), so that a reader preempted inside its section can leave.
    Outside a section it returns gsi_gp_done(cookie) without waiting. Keeps
    errno. */
