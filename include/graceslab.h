@@ -32,15 +32,19 @@ extern "C" {
 /* ------------------------------------------------------------------------
  * General allocation. glibc semantics; every pointer is 16-byte aligned.
  * Inside a read-side critical section none of these waits for a grace
- * period (they only poll), so all may be called there. Outside one, an
+ * period that waits for the section, so all may be called there; past the
+ * bound below they may wait, at most 20 ms, for one in progress that does
+ * not, and leave a wait for one that does to the section's unlock (at most
+ * 20 ms after the section ends; docs/rcu.md). Outside one, an
  * allocation may wait for a grace period, so that deferred memory cannot
  * pile up: before it maps new memory for a size class of which more than
  * GRACESLAB_PENDING_EXPEDITE_KB (256 KiB) is deferred (by this thread or
  * any other; blocks above 256 KiB count together); and when the OS refused
  * memory (pending memory is then reclaimed and the allocation retried
- * once). So, as around gs_synchronize_rcu(), do not allocate while holding
- * a lock that a reader may wait for inside its critical section, in a
- * program that defers frees.
+ * once). So, as around gs_synchronize_rcu(), do not allocate, nor end a
+ * section that allocated, while holding a lock that a reader may wait for
+ * inside its critical section, in a program that defers frees (inside a
+ * section such waits are bounded: they cost time, not progress).
  * ------------------------------------------------------------------------ */
 
 /* size bytes, uninitialised. gs_malloc(0) returns a unique pointer.
