@@ -26,6 +26,14 @@
 #include <time.h>
 #include <unistd.h>
 
+/* A wait owed to the outermost unlock (gp.c, "Waits owed to the unlock"):
+   for the grace period named by cookie (0: none), at most max_ns, even
+   within a back-off if past_cap. */
+struct gsi_rcu_owed_wait {
+    uint64_t cookie, max_ns;
+    bool past_cap;
+};
+
 /* One per thread, in initial-exec TLS (so the record of a live thread never
  * moves and taking its address never calls the dynamic loader). Linked into
  * the registry on first use; unlinked when the thread exits or unregisters,
@@ -48,7 +56,7 @@ struct gsi_rcu_reader {
        an anonymous section and in a fork child (gsi_rcu_reader_set_call).
        Owner only (and the fork child / exit destructor, which run on the
        owner thread). It is also set inside a section for the outermost
-       unlock to pay a wait the section owes (owed_cookie, below). The
+       unlock to pay a wait the section owes (owed, below). The
        fields up to here are laid out as struct
        gsi_rcu_reader_view (graceslab.h; checked in thread.c). */
     unsigned long nested;
@@ -61,30 +69,23 @@ struct gsi_rcu_reader {
        linked in the last would outlive the thread's TLS. Its later
        read-side sections are anonymous (below). Owner only. */
     bool exited;
-    /* A wait the thread's outermost unlock owes (gp.c, "Waits owed to the
-       unlock"): for the grace period named by owed_cookie (0: none), at
-       most owed_wait_ns, even within a back-off if owed_past_cap. Set
-       inside a registered section, not nested, by an allocation that
+    /* The wait the thread's outermost unlock owes (owed.cookie 0: none).
+       Set inside a registered section, not nested, by an allocation that
        could not wait there, together with the call bit, so that an
        inlined unlock calls the library. Owner only (a signal handler's
        section is nested in the one it interrupts, or ends before the
        interrupted code goes on: it sets none, or pays its own). */
-    uint64_t owed_cookie, owed_wait_ns;
-    bool owed_past_cap;
+    struct gsi_rcu_owed_wait owed;
     /* Registry links; registry lock. */
     struct gsi_rcu_reader *next, *prev;
 };
 
 extern __thread struct gsi_rcu_reader gsi_rcu_self;
 
-/* A wait the outermost unlock owes (gp.c, "Waits owed to the unlock"):
-   taken from the record (which it clears, restoring the call bit) while
-   the section is still open, so that a signal handler's section that
-   begins once it has ended finds nothing to pay; made after it ended. */
-struct gsi_rcu_owed_wait {
-    uint64_t cookie, max_ns;
-    bool past_cap;
-};
+/* The outermost unlock takes the wait its section owes from the record
+   (clearing it, and restoring the call bit) while the section is still
+   open, so that a signal handler's section that begins once it has ended
+   finds nothing to pay; and makes it after the section ended (gp.c). */
 void gsi_rcu_take_owed_wait(struct gsi_rcu_reader *r, struct gsi_rcu_owed_wait *w);
 void gsi_rcu_pay_owed_wait(const struct gsi_rcu_owed_wait *w);
 

@@ -400,11 +400,11 @@ static void owe_wait(uint64_t cookie, uint64_t max_ns, bool past_cap)
     struct gsi_rcu_reader *r = &gsi_rcu_self;
     if (!r->registered || gsi_rcu_depth_inner(r) != 0)
         return;
-    if (cookie > r->owed_cookie)
-        r->owed_cookie = cookie;
-    if (max_ns > r->owed_wait_ns)
-        r->owed_wait_ns = max_ns;
-    r->owed_past_cap |= past_cap;
+    if (cookie > r->owed.cookie)
+        r->owed.cookie = cookie;
+    if (max_ns > r->owed.max_ns)
+        r->owed.max_ns = max_ns;
+    r->owed.past_cap |= past_cap;
     gsi_rcu_reader_set_call(r, true); /* the inlined unlock calls the library */
 }
 
@@ -412,11 +412,8 @@ static void owe_wait(uint64_t cookie, uint64_t max_ns, bool past_cap)
    with no inlined read-modify-write of it. */
 void gsi_rcu_take_owed_wait(struct gsi_rcu_reader *r, struct gsi_rcu_owed_wait *w)
 {
-    w->cookie = r->owed_cookie;
-    w->max_ns = r->owed_wait_ns;
-    w->past_cap = r->owed_past_cap;
-    r->owed_cookie = r->owed_wait_ns = 0;
-    r->owed_past_cap = false;
+    *w = r->owed;
+    r->owed = (struct gsi_rcu_owed_wait){0, 0, false};
     gsi_rcu_reader_set_call(r, !r->registered || gsi_rcu_fences);
 }
 

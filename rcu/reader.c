@@ -175,7 +175,7 @@ GS_EXPORT void gs_rcu_read_unlock(void)
         return;
     }
     if (GS_LIKELY(snap != 0)) {
-        if (GS_UNLIKELY(r->owed_cookie != 0))
+        if (GS_UNLIKELY(r->owed.cookie != 0))
             unlock_owing(r, snap);
         else
             end_section(r, snap);

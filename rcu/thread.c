@@ -183,8 +183,7 @@ void gsi_rcu_atfork_child(void)
     bool anon = atomic_load_explicit(&self->snap, memory_order_relaxed) == GSI_RCU_SNAP_ANON;
     atomic_store_explicit(&gsi_rcu_anon_readers, anon, memory_order_relaxed);
     /* A wait the section's unlock owed was for the parent's memory. */
-    self->owed_cookie = self->owed_wait_ns = 0;
-    self->owed_past_cap = false;
+    self->owed = (struct gsi_rcu_owed_wait){0, 0, false};
     gsi_rcu_reader_set_call(self, !self->registered || gsi_rcu_fences || anon); /* for the inlined read side */
     gsi_gp_atfork_child();
     gsi_rcu_cb_atfork_child();

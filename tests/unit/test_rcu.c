@@ -327,7 +327,7 @@ Test(rcu, wait_in_reader_leaves_a_wait_it_cannot_make_to_the_unlock, .timeout = 
     gs_rcu_read_lock();
     uint64_t c = gsi_gp_cookie(); /* its grace period waits for this section */
     cr_assert_not(gsi_gp_wait_in_reader(c, HOUR_NS, false));
-    cr_assert_eq(gsi_rcu_self.owed_cookie, c);
+    cr_assert_eq(gsi_rcu_self.owed.cookie, c);
     /* A nested section's unlock must not wait: it would wait for itself
        (the test then times out). */
     gs_rcu_read_lock();
@@ -339,7 +339,7 @@ Test(rcu, wait_in_reader_leaves_a_wait_it_cannot_make_to_the_unlock, .timeout = 
     cr_assert(gsi_gp_done(c), "the outermost unlock did not wait for the grace period");
     cr_assert_eq(errno, 4321, "errno changed");
     /* Paid once: nothing owed, and the read side back as it was. */
-    cr_assert_eq(gsi_rcu_self.owed_cookie, 0);
+    cr_assert_eq(gsi_rcu_self.owed.cookie, 0);
     cr_assert_eq(gsi_rcu_self.nested, nested_outside, "the call bit was left changed");
     uint64_t seq = atomic_load(&gsi_gp_seq);
     gs_rcu_read_lock();
@@ -351,7 +351,7 @@ Test(rcu, wait_in_reader_leaves_a_wait_it_cannot_make_to_the_unlock, .timeout = 
     gs_rcu_read_lock();
     uint64_t c2 = gsi_gp_cookie();
     cr_assert_not(gsi_gp_wait_in_reader(c2, HOUR_NS, false));
-    cr_assert_eq(gsi_rcu_self.owed_cookie, 0, "a nested section owed a wait");
+    cr_assert_eq(gsi_rcu_self.owed.cookie, 0, "a nested section owed a wait");
     gs_rcu_read_unlock();
     gs_rcu_read_unlock();
     cr_assert_not(gsi_gp_done(c2));
@@ -379,7 +379,7 @@ Test(rcu, waits_past_the_cap_ignore_the_back_off, .timeout = 60)
         gs_rcu_read_lock();
         uint64_t c = gsi_gp_cookie();
         cr_assert_not(gsi_gp_wait_in_reader(c, HOUR_NS, false));
-        cr_assert_eq(gsi_rcu_self.owed_cookie, c);
+        cr_assert_eq(gsi_rcu_self.owed.cookie, c);
         gs_rcu_read_unlock();
         within = gst_now_s() - t_out < 0.09;
         if (within)
